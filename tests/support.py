@@ -1,0 +1,79 @@
+"""Real servers on loopback for integration tests: start, wait until ready, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``url`` until it answers (any status below 500), bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+@contextlib.contextmanager
+def running(args: list[str], ready_url: str, env: dict[str, str] | None = None,
+            timeout: float = 20.0) -> Iterator[subprocess.Popen]:
+    """Run ``python -m gateway ARGS`` until the block ends; yield the process."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args], cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        try:
+            wait_ready(ready_url, timeout, proc)
+        except Exception:
+            proc.kill()
+            _, err = proc.communicate(timeout=5)
+            raise RuntimeError(f"{args} failed to start:\n{err.decode(errors='replace')[-3000:]}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@contextlib.contextmanager
+def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 4096,
+        *extra: str, port: int | None = None) -> Iterator[str]:
+    """A simulated replica (``llm-gateway sim``) on loopback; yields its base URL."""
+    port = port or free_port()
+    args = ["sim", "--dialect", dialect, "--port", str(port), "--model", model,
+            "--max-model-len", str(max_model_len), *extra]
+    with running(args, f"http://127.0.0.1:{port}/health"):
+        yield f"http://127.0.0.1:{port}"
