@@ -1,0 +1,32 @@
+"""Operations endpoints: liveness, readiness, Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> Response:
+    """The process is alive (says nothing about the replicas)."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Ready when every model has a healthy replica and the gateway is not draining."""
+    gateway = request.app.state.gateway
+    models = {name: sum(r.healthy for r in model.replicas)
+              for name, model in gateway.models.items()}
+    ok = not gateway.draining and all(models.values())
+    return JSONResponse({"ready": ok, "draining": gateway.draining, "healthy_replicas": models},
+                        status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.gateway.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,96 @@
+"""The load ledger: outstanding tokens and in-flight requests per replica.
+
+A replica's outstanding tokens are the work it still owes: for each in-flight request,
+the prompt tokens not yet prefilled plus the output tokens still expected. Every change goes
+through a ``Lease`` (one per request), which releases each token it reserved exactly once,
+so totals can never drift or go negative, whatever path a request ends on.
+
+``LoadLedger`` is the interface policies read; ``InProcessLedger`` serves one gateway
+process. A shared (Redis-backed) ledger implements the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    outstanding_tokens: int = 0
+    in_flight: int = 0
+
+
+class LoadLedger(ABC):
+    @abstractmethod
+    def load(self, replica: str) -> ReplicaLoad:
+        """Current load of one replica (a view; do not mutate)."""
+
+    @abstractmethod
+    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
+        """Apply a delta. Only leases call this."""
+
+    def lease(self, replica: str, prompt_tokens: int, output_tokens: int) -> "Lease":
+        """Reserve a request's whole cost on ``replica`` at dispatch."""
+        return Lease(self, replica, max(prompt_tokens, 0), max(output_tokens, 0))
+
+    def snapshot(self) -> dict[str, ReplicaLoad]:
+        return {}
+
+
+class InProcessLedger(LoadLedger):
+    """Per-process totals in a dict; exact for everything this process sent."""
+
+    def __init__(self) -> None:
+        self._loads: dict[str, ReplicaLoad] = {}
+
+    def load(self, replica: str) -> ReplicaLoad:
+        load = self._loads.get(replica)
+        if load is None:
+            load = self._loads[replica] = ReplicaLoad()
+        return load
+
+    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
+        load = self.load(replica)
+        load.outstanding_tokens += tokens
+        load.in_flight += requests
+
+    def snapshot(self) -> dict[str, ReplicaLoad]:
+        return {name: ReplicaLoad(l.outstanding_tokens, l.in_flight) for name, l in self._loads.items()}
+
+
+class Lease:
+    """One request's reservation on one replica, released piece by piece, exactly once."""
+
+    __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed")
+
+    def __init__(self, ledger: LoadLedger, replica: str, prompt_tokens: int,
+                 output_tokens: int) -> None:
+        self.ledger, self.replica = ledger, replica
+        self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
+        self.closed = False
+        ledger._adjust(replica, prompt_tokens + output_tokens, 1)
+
+    @property
+    def remaining(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+    def first_token(self) -> None:
+        """The prompt is prefilled: its part of the reservation is done."""
+        if self.prompt_tokens and not self.closed:
+            self.ledger._adjust(self.replica, -self.prompt_tokens, 0)
+            self.prompt_tokens = 0
+
+    def generated(self, tokens: int) -> None:
+        """``tokens`` more output tokens arrived (never releases more than was reserved)."""
+        done = min(tokens, self.output_tokens)
+        if done > 0 and not self.closed:
+            self.ledger._adjust(self.replica, -done, 0)
+            self.output_tokens -= done
+
+    def close(self) -> None:
+        """Release whatever is left: completion, error, timeout or disconnect alike."""
+        if not self.closed:
+            self.closed = True
+            self.ledger._adjust(self.replica, -(self.prompt_tokens + self.output_tokens), -1)
+            self.prompt_tokens = self.output_tokens = 0

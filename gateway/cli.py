@@ -1,0 +1,37 @@
+"""The ``llm-gateway`` command: serve | demo | sim.
+
+Each subcommand's module owns its arguments (``add_arguments(parser)``) and its work
+(``run(args)``); this file only wires them together, importing lazily so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "serve": ("gateway.serve", "run the gateway from a config file"),
+    "demo": ("gateway.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
+    "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-gateway",
+        description="LLM-aware HTTP gateway in front of one-engine-per-GPU replicas.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(args.run(args) or 0)

@@ -1,0 +1,134 @@
+"""Simulated GPU replicas + the gateway on embedded defaults: no GPU, no Redis, no config.
+
+Starts one simulated engine process per "GPU" (default 4: three vLLM, one TGI, on the
+calibrated Llama-3-8B/A100 profile) and the gateway in front of them, prints the URLs and
+three things to try (an OpenAI request, a TGI request, a prompt too long for the window),
+runs them once to show the answers, then serves until Ctrl-C (or --duration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import load_settings
+from gateway.model_dir import builtin_model_dir
+
+MODEL = "demo-llama-3-8b"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    parser.add_argument("--engines", default="vllm,vllm,vllm,tgi",
+                        help="one simulated replica per GPU, by engine dialect "
+                             "(default vllm,vllm,vllm,tgi)")
+    parser.add_argument("--profile", default="llama3-8b-a100",
+                        help="simulated GPU timing profile (default llama3-8b-a100)")
+    parser.add_argument("--max-model-len", type=int, default=4096,
+                        help="context window of the simulated model (default 4096)")
+    parser.add_argument("--balancer", default="least_outstanding_tokens")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--no-examples", action="store_true",
+                        help="do not run the three examples at start")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready in {timeout}s")
+
+
+def examples(base: str) -> list[tuple[str, str]]:
+    long_prompt = "python3 -c 'import json; print(json.dumps({\"model\": \"%s\", \"prompt\": \"hello \" * 5000, \"max_tokens\": 16}))'" % MODEL
+    return [
+        ("OpenAI chat completion", f"curl -s {base}/v1/chat/completions -H 'content-type: application/json' "
+         f"-d '{{\"model\": \"{MODEL}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 20}}'"),
+        ("TGI generate (streaming)", f"curl -sN {base}/generate_stream -H 'content-type: application/json' "
+         f"-d '{{\"inputs\": \"Tell me a story\", \"parameters\": {{\"max_new_tokens\": 10}}}}'"),
+        ("A prompt too long for the window -> 400 context_length_exceeded",
+         f"{long_prompt} | curl -s {base}/v1/completions -H 'content-type: application/json' -d @-"),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir = str(builtin_model_dir())
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    procs, replicas = [], []
+    for gpu, engine in enumerate(engines):
+        port = _free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "gateway", "sim", "--dialect", engine, "--port", str(port),
+             "--model", MODEL, "--max-model-len", str(args.max_model_len),
+             "--tokenizer", model_dir, "--profile", args.profile],
+            stdout=subprocess.DEVNULL))
+        replicas.append({"url": f"http://127.0.0.1:{port}", "engine": engine,
+                         "name": f"gpu{gpu}-{engine}"})
+    try:
+        for replica in replicas:
+            _wait(replica["url"] + "/health")
+        settings = load_settings(None, models=[{"name": MODEL, "tokenizer": model_dir,
+                                                "replicas": replicas}],
+                                 balancer=args.balancer, port=args.port)
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
+                                               port=args.port, log_level="warning",
+                                               loop="uvloop", http="httptools"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{args.port}"
+        _wait(base + "/ready")
+        print(f"\nllm-gateway demo: gateway on {base}, model {MODEL!r}, "
+              f"{len(replicas)} simulated GPUs ({args.profile}):")
+        for replica in replicas:
+            print(f"  {replica['name']:<12} {replica['url']}")
+        print(f"  metrics: {base}/metrics   readiness: {base}/ready   models: {base}/v1/models\n")
+        for title, command in examples(base):
+            print(f"# {title}\n{command}")
+            if not args.no_examples:
+                out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+                print("  -> " + out.stdout.strip().replace("\n", "\n     ")[:600])
+            print()
+        print("Serving; Ctrl-C to stop." if args.duration is None else
+              f"Serving for {args.duration:g}s.", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            stop.wait(args.duration)
+        except KeyboardInterrupt:
+            pass
+        server.should_exit = True
+        thread.join(timeout=15)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0

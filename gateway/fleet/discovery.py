@@ -1,0 +1,44 @@
+"""Ask each engine for its context window, in its own dialect.
+
+vLLM/SGLang: ``GET /v1/models`` ``max_model_len``; TGI: ``GET /info`` ``max_total_tokens``
+and ``max_input_tokens`` (``max_input_length`` before v2.1); llama.cpp: ``GET /props``
+``default_generation_settings.n_ctx`` (per slot, which is what a request gets).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from gateway.fleet.replica import Replica
+
+log = logging.getLogger(__name__)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+async def discover_window(client: httpx.AsyncClient, replica: Replica, timeout: float) -> bool:
+    """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards."""
+    if replica.max_model_len is not None:
+        return True
+    try:
+        if replica.engine == "tgi":
+            info = (await client.get(f"{replica.url}/info", timeout=timeout)).json()
+            replica.max_model_len = _int(info.get("max_total_tokens"))
+            replica.max_input_tokens = _int(info.get("max_input_tokens")
+                                            or info.get("max_input_length"))
+        elif replica.engine == "llamacpp":
+            props = (await client.get(f"{replica.url}/props", timeout=timeout)).json()
+            replica.max_model_len = _int(props.get("default_generation_settings", {}).get("n_ctx"))
+        else:
+            cards = (await client.get(f"{replica.url}/v1/models", timeout=timeout)).json()
+            data = cards.get("data") or []
+            card = next((c for c in data if c.get("id") == replica.model), data[0] if data else {})
+            replica.max_model_len = _int(card.get("max_model_len"))
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        log.info("could not discover the context window of %s yet: %s", replica.name, exc)
+    return replica.max_model_len is not None

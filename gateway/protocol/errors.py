@@ -1,0 +1,210 @@
+"""Typed errors raised inside the gateway, and their bodies in each client protocol.
+
+Errors are raised where they are found and rendered once, at the HTTP edge, in the shape the
+client's library parses: OpenAI ``{"error": {"message", "type", "param", "code"}}`` and TGI
+``{"error": "...", "error_type": "..."}``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import orjson
+
+
+class Api(str, Enum):
+    """The protocol a client speaks to the gateway."""
+
+    OPENAI = "openai"
+    TGI = "tgi"
+
+
+class GatewayError(Exception):
+    """An error a client sees. Subclasses fix status, type and metric reason."""
+
+    status: int = 500
+    openai_type: str = "server_error"
+    tgi_type: str = "generation"
+    code: str | None = None
+    reason: str = "internal"  # fixed label value for the rejection/error metrics
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+        if status is not None:
+            self.status = status
+
+    def tgi_status(self) -> int:
+        return self.status
+
+    def openai_body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.openai_type,
+                          "param": self.param, "code": self.code}}
+
+    def tgi_body(self) -> dict[str, Any]:
+        return {"error": self.message, "error_type": self.tgi_type}
+
+    def body(self, api: Api) -> bytes:
+        return orjson.dumps(self.openai_body() if api is Api.OPENAI else self.tgi_body())
+
+    def status_for(self, api: Api) -> int:
+        return self.status if api is Api.OPENAI else self.tgi_status()
+
+    def sse_event(self, api: Api) -> bytes:
+        """The error as a stream event: OpenAI clients then expect ``[DONE]``; TGI's do not."""
+        event = b"data: " + self.body(api) + b"\n\n"
+        return event + b"data: [DONE]\n\n" if api is Api.OPENAI else event
+
+
+class InvalidRequest(GatewayError):
+    """Malformed JSON, wrong types, missing fields. TGI answers these with 422."""
+
+    status = 400
+    openai_type = "invalid_request_error"
+    tgi_type = "validation"
+    reason = "bad_request"
+
+    def tgi_status(self) -> int:
+        return 422
+
+
+class ContextLengthExceeded(GatewayError):
+    """The prompt plus requested output cannot fit any replica's context window."""
+
+    status = 400
+    openai_type = "invalid_request_error"
+    tgi_type = "validation"
+    code = "context_length_exceeded"
+    reason = "context_length"
+
+    def __init__(self, limit: int, prompt_tokens: int, max_tokens: int | None,
+                 api: Api = Api.OPENAI) -> None:
+        self.limit, self.prompt_tokens, self.max_tokens = limit, prompt_tokens, max_tokens
+        if api is Api.TGI:
+            message = (f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= "
+                       f"{limit}. Given: {prompt_tokens} `inputs` tokens and {max_tokens or 0} "
+                       f"`max_new_tokens`")
+        elif max_tokens is None:
+            message = (f"This model's maximum context length is {limit} tokens. However, your "
+                       f"messages resulted in {prompt_tokens} tokens. Please reduce the length "
+                       f"of the messages.")
+        else:
+            message = (f"This model's maximum context length is {limit} tokens. However, you "
+                       f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                       f"messages, {max_tokens} in the completion). Please reduce the length of "
+                       f"the messages or completion.")
+        super().__init__(message, param="messages")
+
+    @classmethod
+    def output_too_large(cls, limit: int, max_tokens: int, api: Api) -> "ContextLengthExceeded":
+        """``max_tokens`` alone exceeds the window (no prompt count needed to know it)."""
+        error = cls(limit, 0, max_tokens, api)
+        field = "`max_new_tokens`" if api is Api.TGI else "max_tokens"
+        error.message = (f"{'Input validation error: ' if api is Api.TGI else ''}{field} "
+                         f"({max_tokens}) is larger than the model's maximum context length "
+                         f"({limit} tokens)")
+        error.param = "max_tokens"
+        return error
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    openai_type = "invalid_request_error"
+    tgi_type = "validation"
+    code = "model_not_found"
+    reason = "unknown_model"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class ApiNotServed(GatewayError):
+    """No replica of the model speaks the client's protocol (translation is not built yet)."""
+
+    status = 400
+    openai_type = "invalid_request_error"
+    tgi_type = "validation"
+    code = "unsupported_api"
+    reason = "unsupported_api"
+
+
+class NoReplicaAvailable(GatewayError):
+    status = 503
+    openai_type = "server_error"
+    tgi_type = "overloaded"
+    code = "no_replica_available"
+    reason = "no_replica"
+
+
+class UpstreamError(GatewayError):
+    """An engine's own error (4xx/5xx), carried to the client in the client's shape."""
+
+    openai_type = "upstream_error"
+    reason = "upstream"
+
+    def __init__(self, message: str, status: int, engine_type: str | None = None,
+                 code: str | None = None, param: str | None = None,
+                 tgi_type: str | None = None) -> None:
+        super().__init__(message, status=status, param=param)
+        if status < 500:
+            self.openai_type = "invalid_request_error"
+            self.tgi_type = "validation"
+        if status == 429:
+            self.tgi_type = "overloaded"
+        self.tgi_type = tgi_type or self.tgi_type
+        self.engine_type = engine_type
+        self.code = code
+        if code == "context_length_exceeded":
+            self.reason = "context_length"
+
+
+class UpstreamUnavailable(GatewayError):
+    """The engine could not be reached, or did not answer in time."""
+
+    status = 502
+    openai_type = "server_error"
+    tgi_type = "generation"
+    reason = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamUnavailable):
+    status = 504
+    reason = "upstream_timeout"
+
+
+_CONTEXT_MARKERS = ("maximum context length", "context length", "context size",
+                    "`inputs` tokens + `max_new_tokens`", "max_model_len")
+
+
+def error_from_engine(status: int, body: bytes) -> UpstreamError:
+    """Read any engine's error body (vLLM nested or flat, SGLang, llama.cpp, TGI).
+
+    An engine's context-window rejection keeps status 400 and gains OpenAI's
+    ``context_length_exceeded`` code, so clients see one shape whichever engine said it.
+    """
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message, engine_type, param, tgi_type = "", None, None, None
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):  # OpenAI/vLLM nested, vLLM<=0.10.0/SGLang flat, llama.cpp
+            message = str(error.get("message", ""))
+            engine_type = error.get("type")
+            param = error.get("param") if isinstance(error.get("param"), str) else None
+        elif isinstance(error, str):  # TGI
+            message = error
+            tgi_type = parsed.get("error_type") if isinstance(parsed.get("error_type"), str) else None
+    if not message:
+        message = body[:500].decode("utf-8", errors="replace") or f"engine returned HTTP {status}"
+    is_context = engine_type == "exceed_context_size_error" or (
+        400 <= status < 500 and any(m in message for m in _CONTEXT_MARKERS))
+    if is_context:
+        return UpstreamError(message, 400, engine_type, code="context_length_exceeded",
+                             param=param, tgi_type="validation")
+    return UpstreamError(message, status, engine_type, param=param, tgi_type=tgi_type)

@@ -1,0 +1,85 @@
+"""One generation request, whatever protocol it came in, and the field checks shared by all.
+
+Parsing keeps the client's JSON as it is (it is forwarded to an engine of the same dialect
+untouched unless the gateway must add something), and pulls out only what routing needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol.errors import Api, InvalidRequest
+
+MAX_JSON_DEPTH = 64
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    api: Api
+    path: str  # the engine route it maps to, e.g. "/v1/chat/completions", "/generate"
+    body: dict[str, Any]
+    raw: bytes
+    model: str | None
+    stream: bool
+    max_tokens: int | None  # requested output tokens (None: engine default)
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None
+    messages: list[dict[str, Any]] | None = None
+    wants_usage: bool = False  # the client asked for the usage chunk of a stream
+    choices: int = 1  # OpenAI ``n``: output is generated this many times
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+def parse_json_object(raw: bytes, api: Api) -> dict[str, Any]:
+    """The request body as a JSON object, or a 4xx naming what is wrong."""
+    if not raw:
+        raise InvalidRequest("request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"request body must be a JSON object, not {type(body).__name__}")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise InvalidRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_JSON_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level
+
+
+_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", dict: "an object",
+               list: "an array", float: "a number"}
+
+
+def field(body: dict[str, Any], name: str, kind: type, *, required: bool = False,
+          minimum: int | None = None, where: str = "") -> Any:
+    """``body[name]`` checked against ``kind`` (and ``minimum``); None when absent."""
+    value = body.get(name)
+    label = f"{where}{name}"
+    if value is None:
+        if required:
+            raise InvalidRequest(f"`{label}` is required", param=label)
+        return None
+    # bool is an int in Python; JSON true is not a number of tokens.
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        raise InvalidRequest(f"`{label}` must be {_TYPE_NAMES.get(kind, kind.__name__)}, "
+                             f"got {orjson.dumps(value)[:80].decode()}", param=label)
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"`{label}` must be at least {minimum}, got {value}", param=label)
+    return value

@@ -1,0 +1,289 @@
+"""Forward a placed request to its replica, stream the answer back, meter it, release its load.
+
+Same-dialect streams pass through as bytes: each upstream read (however many SSE events it
+holds) becomes one write to the client, so events waiting upstream are coalesced and a lone
+token goes out at once. Events are only parsed where something must be read out of them
+(usage, TGI's final details). The lease is released exactly once, in ``finally``, whether the
+request completes, fails, times out or the client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import anyio
+import httpx
+import orjson
+
+from gateway.config import TimeoutsConfig
+from gateway.metrics import GatewayMetrics, RequestMetrics, status_class
+from gateway.protocol.errors import (Api, GatewayError, UpstreamTimeout, UpstreamUnavailable,
+                                     error_from_engine)
+from gateway.protocol.request import GenerationRequest
+from gateway.router import Placement
+
+# Response headers of the engine that are not passed on to the client.
+_DROPPED_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate",
+                              "proxy-authorization", "te", "trailer", "transfer-encoding",
+                              "upgrade", "content-length", "content-encoding", "date", "server"})
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Reply:
+    """What goes back to the client: a whole body, or a stream of SSE bytes."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    usage: Usage = field(default_factory=Usage)
+
+
+def upstream_body(request: GenerationRequest) -> bytes:
+    """The client's body, plus a request for the usage chunk on OpenAI streams (token truth)."""
+    if request.api is Api.OPENAI and request.stream and not request.wants_usage:
+        body = dict(request.body)
+        body["stream_options"] = {**(request.body.get("stream_options") or {}),
+                                  "include_usage": True}
+        return orjson.dumps(body)
+    return request.raw
+
+
+def _usage_from_json(payload: Any, api: Api) -> Usage:
+    if isinstance(payload, list) and payload:  # TGI compat route answers a list
+        payload = payload[0]
+    if not isinstance(payload, dict):
+        return Usage()
+    if api is Api.OPENAI:
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            return Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        return Usage()
+    details = payload.get("details")
+    if isinstance(details, dict):
+        return Usage(details.get("input_length"), details.get("generated_tokens"))
+    return Usage()
+
+
+class Relay:
+    def __init__(self, client: httpx.AsyncClient, timeouts: TimeoutsConfig,
+                 metrics: GatewayMetrics) -> None:
+        self.client = client
+        self.timeouts = timeouts
+        self.metrics = metrics
+
+    async def forward(self, request: GenerationRequest, placement: Placement, arrival: float,
+                      request_id: str) -> Reply:
+        """Send to the replica. Raises GatewayError (lease released) if no answer can stream."""
+        replica = placement.replica
+        meter = self.metrics.for_replica(replica, request.api)
+        upstream = self.client.build_request(
+            "POST", replica.url + request.path, content=upstream_body(request),
+            headers={"content-type": "application/json", "accept-encoding": "identity",
+                     "x-request-id": request_id},
+            timeout=httpx.Timeout(self.timeouts.total, connect=self.timeouts.connect,
+                                  read=None if request.stream else self.timeouts.total))
+        meter.overhead.observe(time.perf_counter() - arrival)
+        response: httpx.Response | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.timeouts.first_token if request.stream
+                                           else self.timeouts.total):
+                    response = await self.client.send(upstream, stream=True)
+                    if response.status_code >= 400 or not request.stream:
+                        await response.aread()
+            except TimeoutError:
+                self.metrics.upstream_error(replica, "timeout")
+                raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
+            except httpx.HTTPError as exc:
+                kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
+                self.metrics.upstream_error(replica, kind)
+                raise UpstreamUnavailable(f"replica {replica.name} failed: "
+                                          f"{type(exc).__name__}: {exc}") from None
+            if response.status_code >= 400:
+                self.metrics.upstream_error(replica, f"http_{status_class(response.status_code)}")
+                raise error_from_engine(response.status_code, response.content)
+        except BaseException as exc:  # including the client leaving (CancelledError)
+            placement.lease.close()
+            if response is not None:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+            status = exc.status if isinstance(exc, GatewayError) else 499
+            meter.requests[status_class(status)].inc()
+            raise
+        headers = self._headers(response, placement, request_id)
+        if not request.stream:
+            return self._complete(request, placement, meter, response, headers, arrival)
+        return Reply(response.status_code, headers,
+                     stream=self._stream(request, placement, meter, response, arrival))
+
+    @staticmethod
+    def _headers(response: httpx.Response, placement: Placement,
+                 request_id: str) -> list[tuple[bytes, bytes]]:
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED_HEADERS
+                   and not k.lower().startswith(b"x-gateway-") and k.lower() != b"x-request-id"]
+        headers += [(b"x-gateway-replica", placement.replica.name.encode()),
+                    (b"x-gateway-pool", placement.replica.pool.encode()),
+                    (b"x-request-id", request_id.encode())]
+        return headers
+
+    def _complete(self, request: GenerationRequest, placement: Placement, meter: RequestMetrics,
+                  response: httpx.Response, headers: list[tuple[bytes, bytes]],
+                  arrival: float) -> Reply:
+        placement.lease.close()
+        body = response.content
+        try:
+            usage = _usage_from_json(orjson.loads(body), request.api)
+        except orjson.JSONDecodeError:
+            usage = Usage()
+        # TGI's /generate reports counts in headers when details are off.
+        if usage.completion_tokens is None and response.headers.get("x-generated-tokens", "").isdigit():
+            usage.completion_tokens = int(response.headers["x-generated-tokens"])
+        if usage.prompt_tokens is None and response.headers.get("x-prompt-tokens", "").isdigit():
+            usage.prompt_tokens = int(response.headers["x-prompt-tokens"])
+        self._account(meter, usage, arrival, None, None, status=response.status_code)
+        return Reply(response.status_code, headers, body=body, usage=usage)
+
+    def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
+                 first_at: float | None, last_at: float | None, status: int) -> None:
+        now = time.perf_counter()
+        meter.requests[status_class(status)].inc()
+        meter.e2e.observe(now - arrival)
+        if usage.prompt_tokens:
+            meter.prompt_tokens.inc(usage.prompt_tokens)
+        generated = usage.completion_tokens or 0
+        if generated:
+            meter.generation_tokens.inc(generated)
+        if first_at is not None and last_at is not None and generated > 1 and last_at > first_at:
+            decode = last_at - first_at
+            meter.itl.observe(decode / (generated - 1))
+            meter.tokens_per_second.observe((generated - 1) / decode)
+
+    async def _stream(self, request: GenerationRequest, placement: Placement,
+                      meter: RequestMetrics, response: httpx.Response,
+                      arrival: float) -> AsyncIterator[bytes]:
+        api = request.api
+        lease = placement.lease
+        reader = _EventReader(api, strip_usage=api is Api.OPENAI and not request.wants_usage)
+        chunks = response.aiter_raw().__aiter__()
+        timeout = self.timeouts.first_token
+        first_at = last_at = None
+        status = 200
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                out, events = reader.feed(chunk)
+                if not events:
+                    continue
+                last_at = time.perf_counter()
+                if first_at is None:
+                    first_at = last_at
+                    lease.first_token()
+                    meter.ttft.observe(first_at - arrival)
+                    timeout = self.timeouts.between_tokens
+                lease.generated(events)
+                if out:
+                    yield out
+            if not reader.finished:
+                raise UpstreamUnavailable(f"replica {placement.replica.name} ended the stream "
+                                          f"before it was complete")
+            if reader.pending:
+                yield reader.pending
+        except TimeoutError:
+            status = 504
+            self.metrics.upstream_error(placement.replica, "stream_timeout")
+            yield UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
+                                  f"{timeout:g}s").sse_event(api)
+        except (httpx.HTTPError, UpstreamUnavailable) as exc:
+            status = 502
+            self.metrics.upstream_error(placement.replica, "stream_broken")
+            error = exc if isinstance(exc, GatewayError) else UpstreamUnavailable(
+                f"replica {placement.replica.name} stream broke: {type(exc).__name__}")
+            yield error.sse_event(api)
+        finally:
+            lease.close()
+            if reader.usage.completion_tokens is None:  # engine sent no usage: count events
+                reader.usage.completion_tokens = reader.token_events
+            self._account(meter, reader.usage, arrival, first_at, last_at, status)
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+class _EventReader:
+    """Splits upstream bytes on SSE event boundaries and reads what the gateway needs.
+
+    Only complete events are forwarded (a partial one waits for its end). Events are parsed
+    only when they carry usage or TGI's final details, which is once per stream.
+    """
+
+    __slots__ = ("api", "strip_usage", "pending", "usage", "token_events", "finished")
+
+    def __init__(self, api: Api, strip_usage: bool) -> None:
+        self.api = api
+        self.strip_usage = strip_usage
+        self.pending = b""
+        self.usage = Usage()
+        self.token_events = 0
+        self.finished = False
+
+    def feed(self, chunk: bytes) -> tuple[bytes, int]:
+        """Returns the bytes to forward now and how many token events they hold."""
+        data = self.pending + chunk if self.pending else chunk
+        cut = data.rfind(b"\n\n")
+        if cut < 0:
+            self.pending = data
+            return b"", 0
+        cut += 2
+        out, self.pending = data[:cut], data[cut:]
+        events = out.count(b"data:")
+        if self.api is Api.OPENAI:
+            if b"[DONE]" in out:
+                self.finished = True
+                events -= 1
+            if b'"usage":{' in out or b'"usage": {' in out:
+                out, events = self._read_usage(out, events)
+        elif b'"details":{' in out or b'"details": {' in out or b'"generated_text":"' in out:
+            self._read_tgi_final(out)
+        if b'data: {"error":' in out or b'data:{"error":' in out:
+            self.finished = True  # the engine's own error event ends the stream
+        self.token_events += max(events, 0)
+        return out, events
+
+    def _read_usage(self, out: bytes, events: int) -> tuple[bytes, int]:
+        kept = []
+        for event in out.split(b"\n\n"):
+            payload = event.partition(b"data:")[2].strip()
+            if payload.startswith(b"{") and b'"usage"' in payload:
+                parsed = orjson.loads(payload)
+                usage = parsed.get("usage")
+                if isinstance(usage, dict):
+                    self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                if not parsed.get("choices"):  # the usage-only chunk carries no token
+                    events -= 1
+                    if self.strip_usage:
+                        continue
+            kept.append(event)
+        return b"\n\n".join(kept), events
+
+    def _read_tgi_final(self, out: bytes) -> None:
+        for event in out.split(b"\n\n"):
+            payload = event.partition(b"data:")[2].strip()
+            if not payload.startswith(b"{"):
+                continue
+            parsed = orjson.loads(payload)
+            if parsed.get("generated_text") is not None:
+                self.finished = True
+                self.usage = _usage_from_json(parsed, Api.TGI)

@@ -1,0 +1,54 @@
+"""Run the gateway from a config file (YAML; every key also settable as GATEWAY_*).
+
+Example:
+  llm-gateway serve --config gateway.yaml --port 8080 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from gateway.app import CONFIG_ENV, create_app
+from gateway.config import ConfigError, load_settings
+
+log = logging.getLogger("gateway")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (see README); env GATEWAY_* overrides")
+    parser.add_argument("--host", help="listen address (default: config `host`, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default: config `port`, 8080)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (default 1); without redis_url each balances "
+                             "blind to the others")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"llm-gateway: {exc}", file=sys.stderr)
+        return 2
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    common = dict(host=host, port=port, log_level=args.log_level, access_log=False,
+                  loop="uvloop", http="httptools", timeout_graceful_shutdown=30)
+    if args.workers > 1:
+        if settings.redis_url is None:
+            log.warning("%d workers without redis_url: each worker balances on its own view of "
+                        "load, blind to the others' requests", args.workers)
+        if args.config:
+            os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=args.workers,
+                    **common)
+    else:
+        uvicorn.run(create_app(settings), **common)
+    return 0

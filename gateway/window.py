@@ -1,0 +1,135 @@
+"""The context-window check: which replicas can hold a request, and what it will cost them.
+
+The rule is the engines' own: reject ``prompt + max_tokens > window``, and
+``prompt >= window`` when ``max_tokens`` is absent. The prompt is counted exactly (the model's
+tokenizer and chat template) only when a cheap upper bound cannot already prove the request
+fits every candidate; below that bound the ledger uses an estimate of
+``ceil(bytes / ESTIMATED_BYTES_PER_TOKEN)``.
+
+Without a tokenizer the gateway cannot count, so it only rejects what needs no count
+(``max_tokens`` larger than every window) and lets the engine judge the rest: an engine's own
+context 400 reaches the client in the client's shape with ``code: context_length_exceeded``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.balance.policy import RequestCost
+from gateway.fleet.model import ServedModel
+from gateway.fleet.replica import Replica
+from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest
+from gateway.protocol.request import GenerationRequest
+from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
+
+ESTIMATED_BYTES_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class Admission:
+    cost: RequestCost
+    replicas: list[Replica]  # the candidates whose window holds the request
+    prompt_tokens_exact: bool
+
+
+@dataclass(slots=True)
+class _Prompt:
+    """One prompt to count: text (with its special-token rule) or token ids."""
+
+    text: str | None = None
+    add_special_tokens: bool = True
+    ids: list[int] | None = None
+
+    def upper_bound(self, tokenizer: ModelTokenizer) -> int:
+        if self.ids is not None:
+            return len(self.ids)
+        return tokenizer.text_upper_bound(self.text or "", self.add_special_tokens)
+
+    def count(self, tokenizer: ModelTokenizer) -> int:
+        if self.ids is not None:
+            return len(self.ids)
+        return tokenizer.count_text(self.text or "", self.add_special_tokens)
+
+    def estimate(self) -> int:
+        if self.ids is not None:
+            return len(self.ids)
+        return -(-len((self.text or "").encode("utf-8")) // ESTIMATED_BYTES_PER_TOKEN)
+
+
+def _prompts(request: GenerationRequest, tokenizer: ModelTokenizer | None) -> list[_Prompt]:
+    body = request.body
+    if request.messages is not None:
+        add_special = bool(body.get("add_special_tokens", False))
+        if tokenizer is None:  # only an estimate is possible: the content itself
+            text = "".join(str(flatten_content(m.get("content")) or "") for m in request.messages)
+            return [_Prompt(text, add_special)]
+        try:
+            text = tokenizer.render_chat(
+                request.messages,
+                add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+                continue_final_message=body.get("continue_final_message") is True,
+                tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+                chat_template_kwargs=_dict_or_none(body.get("chat_template_kwargs")),
+            )
+        except ChatTemplateError as exc:
+            raise InvalidRequest(str(exc), param="messages") from None
+        return [_Prompt(text, add_special)]
+    add_special = body.get("add_special_tokens", True) is not False
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [_Prompt(prompt, add_special)]
+    assert isinstance(prompt, list)
+    if prompt and isinstance(prompt[0], int):
+        return [_Prompt(ids=prompt)]  # type: ignore[arg-type]
+    return [_Prompt(p, add_special) if isinstance(p, str) else _Prompt(ids=p) for p in prompt]
+
+
+def _dict_or_none(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _fits(model: ServedModel, replica: Replica, prompt_tokens: int,
+          max_tokens: int | None) -> bool:
+    window = model.window(replica)
+    if replica.max_input_tokens is not None and prompt_tokens > replica.max_input_tokens:
+        return False
+    if window is None:
+        return True
+    if max_tokens is None:
+        return prompt_tokens < window
+    return prompt_tokens + max_tokens <= window
+
+
+def admit(model: ServedModel, request: GenerationRequest,
+          candidates: list[Replica]) -> Admission:
+    """Check the window against ``candidates``; raise ContextLengthExceeded when none fits."""
+    tokenizer = model.tokenizer
+    prompts = _prompts(request, tokenizer)
+    max_tokens = request.max_tokens
+    fanout = request.choices * len(prompts)
+    output_tokens = (max_tokens or model.default_output_tokens) * fanout
+
+    if tokenizer is None:
+        estimate = sum(p.estimate() for p in prompts)
+        cost = RequestCost(estimate, output_tokens)
+        known = [w for w in (model.window(r) for r in candidates) if w is not None]
+        if max_tokens is not None and known and len(known) == len(candidates):
+            fitting = [r for r in candidates if max_tokens <= (model.window(r) or 0)]
+            if not fitting:
+                raise ContextLengthExceeded.output_too_large(max(known), max_tokens, request.api)
+            return Admission(cost, fitting, False)
+        return Admission(cost, candidates, False)
+
+    bound = max(p.upper_bound(tokenizer) for p in prompts)
+    if all(_fits(model, r, bound, max_tokens) for r in candidates):
+        return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens),
+                         candidates, False)
+    counts = [p.count(tokenizer) for p in prompts]
+    longest = max(counts)
+    fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
+    if not fitting:
+        windows = [w for w in (model.window(r) for r in candidates) if w is not None]
+        limit = max(windows) if windows else longest
+        raise ContextLengthExceeded(limit, longest, max_tokens, request.api)
+    return Admission(RequestCost(sum(counts), output_tokens), fitting, True)
