@@ -144,7 +144,7 @@ def load_settings(path: str | Path | None = None, **overrides: object) -> Settin
         raise ConfigError(f"config file not found: {path}")
 
     class FileSettings(Settings):
-        model_config = SettingsConfigDict(**Settings.model_config, yaml_file=path)
+        model_config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})
 
     try:
         return FileSettings(**overrides)

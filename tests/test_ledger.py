@@ -1,0 +1,80 @@
+"""The ledger returns exactly to zero whatever path each request's life takes."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.balance.ledger import InProcessLedger
+
+REPLICAS = ["a", "b", "c"]
+
+# One request's life: where it ends and how many tokens stream before that.
+life = st.tuples(
+    st.sampled_from(REPLICAS),
+    st.integers(0, 5000),  # prompt tokens
+    st.integers(0, 2000),  # expected output tokens
+    st.sampled_from(["complete", "cancel_before_first", "cancel_mid_stream", "upstream_error",
+                     "timeout", "overrun"]),
+    st.integers(0, 3000),  # tokens streamed before the end
+    st.booleans(),  # close called twice (e.g. error path and finally)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(life, min_size=1, max_size=60), st.randoms(use_true_random=False))
+def test_random_request_lives_return_ledger_to_zero(lives, rnd: random.Random) -> None:
+    ledger = InProcessLedger()
+    leases = [ledger.lease(r, p, o) for r, p, o, *_ in lives]
+    expected = {r: 0 for r in REPLICAS}
+    for r, p, o, *_ in lives:
+        expected[r] += p + o
+    assert {r: ledger.load(r).outstanding_tokens for r in REPLICAS} == expected
+    # Interleave the lives' steps in random order, as concurrent requests do.
+    steps = []
+    for lease, (_, _, output, end, streamed, double_close) in zip(leases, lives):
+        plan = []
+        if end != "cancel_before_first":
+            plan.append(("first", 0))
+            n = streamed if end != "complete" else output
+            if end == "overrun":
+                n = output + streamed  # engine sent more than max_tokens claimed
+            plan += [("gen", 1)] * min(n, 50) + ([("gen", n - 50)] if n > 50 else [])
+        plan.append(("close", 0))
+        if double_close:
+            plan.append(("close", 0))
+        steps.append((lease, plan))
+    while steps:
+        i = rnd.randrange(len(steps))
+        lease, plan = steps[i]
+        action, n = plan.pop(0)
+        if action == "first":
+            lease.first_token()
+        elif action == "gen":
+            lease.generated(n)
+        else:
+            lease.close()
+            lease.generated(5)  # late events after close must not count
+            lease.first_token()
+        for r in REPLICAS:
+            assert ledger.load(r).outstanding_tokens >= 0
+            assert ledger.load(r).in_flight >= 0
+        if not plan:
+            steps.pop(i)
+    for r in REPLICAS:
+        assert ledger.load(r).outstanding_tokens == 0
+        assert ledger.load(r).in_flight == 0
+
+
+def test_lease_releases_prompt_at_first_token_and_output_per_token() -> None:
+    ledger = InProcessLedger()
+    lease = ledger.lease("a", 100, 10)
+    assert (ledger.load("a").outstanding_tokens, ledger.load("a").in_flight) == (110, 1)
+    lease.first_token()
+    assert ledger.load("a").outstanding_tokens == 10
+    lease.generated(3)
+    assert ledger.load("a").outstanding_tokens == 7
+    lease.close()
+    assert (ledger.load("a").outstanding_tokens, ledger.load("a").in_flight) == (0, 0)

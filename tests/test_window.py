@@ -1,0 +1,106 @@
+"""The context-window check fires exactly at the boundary, per replica window."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.fleet.model import ServedModel, Pool
+from gateway.fleet.replica import Replica
+from gateway.protocol.errors import Api, ContextLengthExceeded
+from gateway.protocol.openai import parse_chat, parse_completion
+from gateway.protocol.tgi import parse_generate
+from gateway.tokens import ModelTokenizer
+from gateway.window import admit
+
+import orjson
+
+
+def served(tokenizer: ModelTokenizer | None, windows: list[int | None]) -> ServedModel:
+    replicas = [Replica(name=f"r{i}", url=f"http://127.0.0.1:{9000 + i}", engine="vllm",
+                        model="m", pool="default", max_model_len=w) for i, w in enumerate(windows)]
+    return ServedModel("m", [Pool("default", 100, replicas)], tokenizer, None, 256)
+
+
+def completion(prompt: str, max_tokens: int | None):
+    body = {"model": "m", "prompt": prompt}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return parse_completion(orjson.dumps(body))
+
+
+def chat(text: str, max_tokens: int | None):
+    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return parse_chat(orjson.dumps(body))
+
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 20
+
+
+def test_completion_boundary_limit_passes_limit_plus_one_fails(tokenizer: ModelTokenizer) -> None:
+    prompt_tokens = tokenizer.count_text(PROMPT, add_special_tokens=True)
+    window = prompt_tokens + 50
+    model = served(tokenizer, [window])
+    ok = admit(model, completion(PROMPT, 50), model.replicas)
+    assert ok.cost.prompt_tokens == prompt_tokens and ok.prompt_tokens_exact
+    with pytest.raises(ContextLengthExceeded) as err:
+        admit(model, completion(PROMPT, 51), model.replicas)
+    assert (err.value.limit, err.value.prompt_tokens, err.value.max_tokens) == (window, prompt_tokens, 51)
+    assert str(window) in err.value.message and str(prompt_tokens) in err.value.message
+
+
+def test_chat_boundary_counts_the_rendered_template(tokenizer: ModelTokenizer) -> None:
+    messages = [{"role": "user", "content": PROMPT}]
+    prompt_tokens = tokenizer.count_chat(messages)
+    model = served(tokenizer, [prompt_tokens + 10])
+    assert admit(model, chat(PROMPT, 10), model.replicas).cost.prompt_tokens == prompt_tokens
+    with pytest.raises(ContextLengthExceeded):
+        admit(model, chat(PROMPT, 11), model.replicas)
+
+
+def test_without_max_tokens_prompt_must_be_shorter_than_window(tokenizer: ModelTokenizer) -> None:
+    prompt_tokens = tokenizer.count_text(PROMPT)
+    assert admit(served(tokenizer, [prompt_tokens + 1]), completion(PROMPT, None),
+                 served(tokenizer, [prompt_tokens + 1]).replicas)
+    model = served(tokenizer, [prompt_tokens])
+    with pytest.raises(ContextLengthExceeded):
+        admit(model, completion(PROMPT, None), model.replicas)
+
+
+def test_long_request_goes_only_to_replicas_whose_window_fits(tokenizer: ModelTokenizer) -> None:
+    prompt_tokens = tokenizer.count_text(PROMPT)
+    model = served(tokenizer, [prompt_tokens, prompt_tokens * 4, None])
+    fitting = admit(model, completion(PROMPT, 100), model.replicas).replicas
+    assert [r.name for r in fitting] == ["r1", "r2"]
+
+
+def test_short_prompt_skips_exact_count(tokenizer: ModelTokenizer) -> None:
+    model = served(tokenizer, [8192])
+    admission = admit(model, completion("hello", 16), model.replicas)
+    assert not admission.prompt_tokens_exact and admission.cost.prompt_tokens >= 1
+
+
+def test_tgi_overflow_uses_tgi_wording(tokenizer: ModelTokenizer) -> None:
+    prompt_tokens = tokenizer.count_text(PROMPT)
+    model = served(tokenizer, [prompt_tokens + 5])
+    request = parse_generate(orjson.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 6}}), False)
+    with pytest.raises(ContextLengthExceeded) as err:
+        admit(model, request, model.replicas)
+    assert err.value.tgi_body() == {
+        "error": f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= "
+                 f"{prompt_tokens + 5}. Given: {prompt_tokens} `inputs` tokens and 6 `max_new_tokens`",
+        "error_type": "validation"}
+    assert err.value.status_for(Api.TGI) == 400
+
+
+def test_without_tokenizer_only_certain_overflows_are_rejected() -> None:
+    model = served(None, [1000])
+    assert admit(model, completion(PROMPT * 100, 1000), model.replicas).replicas  # engine judges
+    with pytest.raises(ContextLengthExceeded):
+        admit(model, completion("hi", 1001), model.replicas)
+
+
+def test_expected_output_without_max_tokens_is_the_documented_estimate(tokenizer) -> None:
+    model = served(tokenizer, [8192])
+    assert admit(model, completion("hi", None), model.replicas).cost.output_tokens == 256
