@@ -1,0 +1,237 @@
+"""The gateway under a real uvicorn, in front of simulated replicas, driven by real clients."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+import yaml
+from huggingface_hub import InferenceClient
+from text_generation import Client as TGIClient
+from text_generation.errors import ValidationError as TGIValidationError
+
+from gateway.tokens import ModelTokenizer
+from support import free_port, running, sim
+
+MODEL = "sim-model"
+GATEWAY_WINDOW = 2048  # below the replicas' 4096: only the gateway can reject in between
+PACED = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "2")
+
+
+@contextlib.contextmanager
+def gateway(tmp_path: Path, replicas: list[dict], **settings: object) -> Iterator[str]:
+    config = {"models": [{"name": MODEL, "replicas": replicas, **settings.pop("model", {})}],
+              "health": {"interval": 0.5, "timeout": 1.0}, **settings}
+    path = tmp_path / f"gateway-{free_port()}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    with running(["serve", "--config", str(path), "--port", str(port), "--log-level", "warning"],
+                 f"http://127.0.0.1:{port}/ready"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[dict[str, str]]:
+    """Two vLLM replicas and one TGI replica behind one gateway with the model's tokenizer."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    tok = ("--tokenizer", str(model_dir))
+    with sim("vllm", MODEL, 4096, *tok, *PACED) as vllm_a, \
+            sim("vllm", MODEL, 4096, *tok, *PACED) as vllm_b, \
+            sim("tgi", MODEL, 4096, *tok, *PACED) as tgi:
+        replicas = [{"url": vllm_a, "engine": "vllm", "name": "vllm-a"},
+                    {"url": vllm_b, "engine": "vllm", "name": "vllm-b"},
+                    {"url": tgi, "engine": "tgi", "name": "tgi-c"}]
+        with gateway(tmp, replicas, model={"tokenizer": str(model_dir),
+                                           "max_model_len": GATEWAY_WINDOW}) as url:
+            yield {"gateway": url, "vllm-a": vllm_a, "vllm-b": vllm_b, "tgi-c": tgi}
+
+
+@pytest.fixture()
+def client(fleet: dict[str, str]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet["gateway"] + "/v1", api_key="unused", max_retries=0)
+
+
+def outstanding(gateway_url: str) -> dict[str, float]:
+    text = httpx.get(gateway_url + "/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'llm_gateway_replica_outstanding_tokens\{[^}]*replica="([^"]+)"[^}]*\} (\S+)', text)}
+
+
+def settled(gateway_url: str, timeout: float = 5.0) -> dict[str, float]:
+    """Outstanding tokens once in-flight requests have ended (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        values = outstanding(gateway_url)
+        if not any(values.values()) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.05)
+
+
+# --- OpenAI API, real `openai` client ---
+
+def test_chat_completion(client: openai.OpenAI, tokenizer: ModelTokenizer, fleet) -> None:
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Write a short story about a cat."}]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
+                                                           max_tokens=12)
+    reply = raw.parse()
+    assert reply.usage.completion_tokens == 12
+    assert reply.usage.prompt_tokens == tokenizer.count_chat(messages)
+    assert reply.choices[0].message.content
+    assert raw.headers["x-gateway-replica"] in {"vllm-a", "vllm-b", "tgi-c"}
+    assert raw.headers["x-gateway-pool"] == "default"
+    assert raw.headers["x-request-id"]
+
+
+def test_completion_prompt_count_matches_engine(client: openai.OpenAI,
+                                                tokenizer: ModelTokenizer) -> None:
+    prompt = "The gateway routes each request to the replica with the least outstanding tokens."
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5)
+    assert reply.usage.prompt_tokens == tokenizer.count_text(prompt, add_special_tokens=True)
+    assert reply.usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chat_stream(client: openai.OpenAI, include_usage: bool, fleet) -> None:
+    kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True,
+        **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    # The gateway asks engines for usage; the client sees it only when it asked too.
+    assert len(usage_chunks) == (1 if include_usage else 0)
+    if include_usage:
+        assert usage_chunks[0].usage.completion_tokens == 8
+    assert not any(settled(fleet["gateway"]).values())
+
+
+def test_completion_stream_raw_bytes_end_with_done(fleet) -> None:
+    with httpx.stream("POST", fleet["gateway"] + "/v1/completions",
+                      json={"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True}) as r:
+        body = r.read()
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
+
+
+def test_context_overflow_is_400_with_code(client: openai.OpenAI,
+                                           tokenizer: ModelTokenizer) -> None:
+    prompt = "hello " * 1500
+    prompt_tokens = tokenizer.count_text(prompt)
+    fits = GATEWAY_WINDOW - prompt_tokens
+    assert fits > 0
+    assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=fits).usage.prompt_tokens == prompt_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=fits + 1)
+    assert err.value.status_code == 400
+    assert err.value.code == "context_length_exceeded"
+    assert err.value.type == "invalid_request_error"
+    message = err.value.body["message"]
+    assert str(GATEWAY_WINDOW) in message and str(prompt_tokens) in message and str(fits + 1) in message
+
+
+def test_chat_overflow_boundary(client: openai.OpenAI, tokenizer: ModelTokenizer) -> None:
+    messages = [{"role": "user", "content": "tell me about the gpu " * 100}]
+    fits = GATEWAY_WINDOW - tokenizer.count_chat(messages)
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=fits)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=fits + 1)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_unknown_model_is_404_in_openai_shape(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert err.value.code == "model_not_found"
+
+
+def test_models_list_reports_window(client: openai.OpenAI) -> None:
+    (model,) = client.models.list().data
+    assert model.id == MODEL and model.model_extra["max_model_len"] == GATEWAY_WINDOW
+
+
+@pytest.mark.parametrize("body", [b"{", b"[]", b'{"model": "sim-model", "messages": 3}',
+                                  b'{"model": "sim-model", "prompt": "x", "max_tokens": -1}'])
+def test_bad_input_is_4xx_and_leaves_nothing(fleet, body: bytes) -> None:
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = httpx.post(fleet["gateway"] + path, content=body,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    assert not any(settled(fleet["gateway"]).values())
+
+
+# --- TGI API, real `huggingface_hub` and `text-generation` clients ---
+
+def test_huggingface_hub_text_generation(fleet, tokenizer: ModelTokenizer) -> None:
+    hf = InferenceClient(base_url=fleet["gateway"])
+    text = hf.text_generation("Tell me a story", max_new_tokens=6)
+    assert isinstance(text, str) and text
+    detailed = hf.text_generation("Tell me a story", max_new_tokens=6, details=True)
+    assert detailed.details.generated_tokens == 6
+    streamed = list(hf.text_generation("Tell me a story", max_new_tokens=6, stream=True,
+                                       details=True))
+    assert len(streamed) == 6 and streamed[-1].generated_text
+    assert streamed[-1].details.generated_tokens == 6
+
+
+def test_text_generation_client(fleet, tokenizer: ModelTokenizer) -> None:
+    tgi = TGIClient(fleet["gateway"], timeout=30)
+    response = tgi.generate("Hello world", max_new_tokens=5)
+    assert response.details.generated_tokens == 5
+    tokens = [e for e in tgi.generate_stream("Hello world", max_new_tokens=5)]
+    assert len(tokens) == 5 and tokens[-1].generated_text is not None
+    prompt = "hello " * 1500
+    fits = GATEWAY_WINDOW - tokenizer.count_text(prompt)
+    assert tgi.generate(prompt, max_new_tokens=fits).details.generated_tokens == fits
+    with pytest.raises(TGIValidationError, match=r"must be <= 2048"):
+        tgi.generate(prompt, max_new_tokens=fits + 1)
+
+
+def test_tgi_requests_go_only_to_tgi_replicas(fleet) -> None:
+    for _ in range(6):
+        r = httpx.post(fleet["gateway"] + "/generate",
+                       json={"inputs": "hi", "parameters": {"max_new_tokens": 2}})
+        assert r.status_code == 200 and r.headers["x-gateway-replica"] == "tgi-c"
+
+
+def test_info_reports_default_model_limits(fleet) -> None:
+    info = httpx.get(fleet["gateway"] + "/info").json()
+    assert info["model_id"] == MODEL and info["max_total_tokens"] == GATEWAY_WINDOW
+
+
+# --- Disconnects release everything, at the gateway and at the engine ---
+
+def sim_state(url: str) -> dict:
+    return httpx.get(url + "/sim/state").json()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_upstream_and_releases_ledger(tmp_path: Path, stream: bool) -> None:
+    with sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "5", "--itl-ms", "50") as url:
+        with gateway(tmp_path, [{"url": url, "engine": "vllm", "name": "slow"}]) as gw:
+            body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "stream": stream}
+            with httpx.Client(timeout=10) as http:
+                if stream:
+                    with http.stream("POST", gw + "/v1/completions", json=body) as r:
+                        chunks = r.iter_raw()  # keep a reference: dropping it disconnects
+                        for _ in range(3):
+                            next(chunks)
+                        assert outstanding(gw)["slow"] > 0
+                        assert sim_state(url)["running"] == 1
+                else:
+                    with pytest.raises(httpx.ReadTimeout):
+                        http.post(gw + "/v1/completions", json=body, timeout=0.5)
+            deadline = time.monotonic() + 5
+            while sim_state(url)["running"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            state = sim_state(url)
+            assert state["running"] == 0 and state["aborted_total"] == 1
+            assert settled(gw) == {"slow": 0.0}
