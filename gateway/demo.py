@@ -75,6 +75,14 @@ def examples(base: str) -> list[tuple[str, str]]:
     ]
 
 
+def _abridge(text: str) -> str:
+    """A long stream shows its first and last events."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if len(lines) > 5:
+        lines = [*lines[:3], "...", *lines[-2:]]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = str(builtin_model_dir())
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"# {title}\n{command}")
             if not args.no_examples:
                 out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
-                print("  -> " + out.stdout.strip().replace("\n", "\n     ")[:600])
+                print("  -> " + _abridge(out.stdout).replace("\n", "\n     "))
             print()
         print("Serving; Ctrl-C to stop." if args.duration is None else
               f"Serving for {args.duration:g}s.", flush=True)

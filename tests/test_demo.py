@@ -1,0 +1,20 @@
+"""The quick-start demo works end to end on embedded defaults."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from support import ROOT, free_port
+
+
+def test_demo_serves_and_shows_the_three_examples() -> None:
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "gateway", "demo", "--duration", "1",
+                          "--port", str(port), "--profile", "instant"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"gateway on http://127.0.0.1:{port}" in out.stdout
+    assert '"object":"chat.completion"' in out.stdout  # the OpenAI example answered
+    assert '"generated_text":"' in out.stdout  # the TGI stream reached its final event
+    assert '"code":"context_length_exceeded"' in out.stdout  # the too-long prompt got its 400
