@@ -25,14 +25,15 @@ PACED = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "2")
 
 
 @contextlib.contextmanager
-def gateway(tmp_path: Path, replicas: list[dict], **settings: object) -> Iterator[str]:
+def gateway(tmp_path: Path, replicas: list[dict], ready_path: str = "/ready",
+            **settings: object) -> Iterator[str]:
     config = {"models": [{"name": MODEL, "replicas": replicas, **settings.pop("model", {})}],
               "health": {"interval": 0.5, "timeout": 1.0}, **settings}
     path = tmp_path / f"gateway-{free_port()}.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     with running(["serve", "--config", str(path), "--port", str(port), "--log-level", "warning"],
-                 f"http://127.0.0.1:{port}/ready"):
+                 f"http://127.0.0.1:{port}{ready_path}"):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -235,3 +236,92 @@ def test_client_disconnect_aborts_upstream_and_releases_ledger(tmp_path: Path, s
             state = sim_state(url)
             assert state["running"] == 0 and state["aborted_total"] == 1
             assert settled(gw) == {"slow": 0.0}
+
+
+# --- Windows discovered from each engine; engine failures in the client's shape ---
+
+def test_windows_are_discovered_and_long_requests_go_where_they_fit(
+        tmp_path: Path, model_dir: Path, tokenizer: ModelTokenizer) -> None:
+    tok = ("--tokenizer", str(model_dir), "--profile", "instant")
+    with sim("vllm", MODEL, 1024, *tok) as small, sim("llamacpp", MODEL, 2048, *tok) as large, \
+            sim("sglang", MODEL, 1024, *tok) as small2:
+        replicas = [{"url": small, "engine": "vllm", "name": "small"},
+                    {"url": large, "engine": "llamacpp", "name": "large"},
+                    {"url": small2, "engine": "sglang", "name": "small2"}]
+        with gateway(tmp_path, replicas, model={"tokenizer": str(model_dir)}) as gw:
+            client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+            assert client.models.list().data[0].model_extra["max_model_len"] == 2048
+            prompt = "hello " * 1200
+            n = tokenizer.count_text(prompt)
+            assert 1024 < n < 2048
+            for _ in range(4):
+                raw = client.completions.with_raw_response.create(model=MODEL, prompt=prompt,
+                                                                  max_tokens=2048 - n)
+                assert raw.headers["x-gateway-replica"] == "large"
+            with pytest.raises(openai.BadRequestError) as err:
+                client.completions.create(model=MODEL, prompt=prompt, max_tokens=2049 - n)
+            assert err.value.code == "context_length_exceeded" and "2048" in err.value.message
+            short = {r: 0 for r in ("small", "large", "small2")}
+            for _ in range(12):
+                raw = client.completions.with_raw_response.create(model=MODEL, prompt="hi",
+                                                                  max_tokens=4)
+                short[raw.headers["x-gateway-replica"]] += 1
+            assert all(short.values()), short  # short ones spread over every engine
+
+
+def test_engine_context_error_passes_through_in_client_shape_without_tokenizer(
+        tmp_path: Path) -> None:
+    with sim("llamacpp", MODEL, 256, "--profile", "instant") as url:
+        with gateway(tmp_path, [{"url": url, "engine": "llamacpp"}]) as gw:
+            client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as err:
+                client.completions.create(model=MODEL, prompt="hello " * 400, max_tokens=4)
+            assert err.value.code == "context_length_exceeded"
+            assert "exceeds the available context size" in err.value.message
+            tgi = httpx.post(gw + "/generate", json={"inputs": "x"})
+            assert tgi.status_code == 400 and tgi.json()["error_type"] == "validation"
+
+
+def test_engine_failures_reach_clients_as_well_formed_errors(tmp_path: Path) -> None:
+    with sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "1", "--itl-ms", "5",
+             "--drop-after", "3") as dropper, \
+            sim("tgi", MODEL, 4096, "--profile", "paced", "--ttft-ms", "1", "--itl-ms", "5",
+                "--drop-after", "3") as tgi_dropper:
+        replicas = [{"url": dropper, "engine": "vllm", "name": "dropper"},
+                    {"url": tgi_dropper, "engine": "tgi", "name": "tgi-dropper"}]
+        with gateway(tmp_path, replicas) as gw:
+            with httpx.stream("POST", gw + "/v1/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 50, "stream": True}) as r:
+                body = r.read()
+            events = [e for e in body.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]"
+            assert events[-2].startswith(b'data: {"error": ') or events[-2].startswith(b'data: {"error":')
+            client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.APIError):
+                for _ in client.completions.create(model=MODEL, prompt="x", max_tokens=50,
+                                                   stream=True):
+                    pass
+            from text_generation import Client
+            from text_generation.errors import UnknownError, GenerationError
+            with pytest.raises((GenerationError, UnknownError)):
+                for _ in Client(gw).generate_stream("x", max_new_tokens=50):
+                    pass
+            assert not any(settled(gw).values())
+
+
+def test_unreachable_replica_is_a_502_then_marked_down(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    replicas = [{"url": dead, "engine": "vllm", "max_model_len": 4096}]
+    with gateway(tmp_path, replicas, ready_path="/health") as gw:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        first = httpx.post(gw + "/v1/completions", json=body)
+        assert first.status_code in (502, 503)
+        assert first.json()["error"]["type"] == "server_error"
+        deadline = time.monotonic() + 5
+        while httpx.get(gw + "/ready").status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        r = httpx.post(gw + "/v1/completions", json=body)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
+        tgi = httpx.post(gw + "/generate", json={"inputs": "x"})
+        assert tgi.status_code == 400 and tgi.json()["error_type"] == "validation"  # no TGI replica
