@@ -193,8 +193,10 @@ class Relay:
                     first_at = last_at
                     lease.first_token()
                     meter.ttft.observe(first_at - arrival)
-                    timeout = self.timeouts.between_tokens
                 lease.generated(events)
+                # Between tokens, but never past the request's total budget.
+                timeout = min(self.timeouts.between_tokens,
+                              max(arrival + self.timeouts.total - last_at, 0.0))
                 if out:
                     yield out
             if not reader.finished:
@@ -206,7 +208,8 @@ class Relay:
             status = 504
             self.metrics.upstream_error(placement.replica, "stream_timeout")
             yield UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
-                                  f"{timeout:g}s").sse_event(api)
+                                  f"{timeout:g}s (or the request ran past its total "
+                                  f"{self.timeouts.total:g}s)").sse_event(api)
         except (httpx.HTTPError, UpstreamUnavailable) as exc:
             status = 502
             self.metrics.upstream_error(placement.replica, "stream_broken")

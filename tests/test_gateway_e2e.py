@@ -325,3 +325,20 @@ def test_unreachable_replica_is_a_502_then_marked_down(tmp_path: Path) -> None:
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
         tgi = httpx.post(gw + "/generate", json={"inputs": "x"})
         assert tgi.status_code == 400 and tgi.json()["error_type"] == "validation"  # no TGI replica
+
+
+def test_stalled_stream_ends_with_timeout_error_event(tmp_path: Path) -> None:
+    with sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "1", "--itl-ms", "5",
+             "--stall-after", "3") as staller:
+        with gateway(tmp_path, [{"url": staller, "engine": "vllm", "name": "staller"}],
+                     timeouts={"between_tokens": 0.5}) as gw:
+            with httpx.stream("POST", gw + "/v1/completions", json={
+                    "model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True},
+                    timeout=10) as r:
+                events = [e for e in r.read().split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]"
+            error = events[-2]
+            assert error.startswith(b'data: {"error":') and b"sent no token" in error
+            assert len(events) == 3 + 2  # three tokens, the error, [DONE]
+            assert httpx.get(staller + "/sim/state").json()["running"] == 0  # upstream aborted
+            assert not any(settled(gw).values())
