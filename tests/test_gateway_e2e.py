@@ -340,5 +340,8 @@ def test_stalled_stream_ends_with_timeout_error_event(tmp_path: Path) -> None:
             error = events[-2]
             assert error.startswith(b'data: {"error":') and b"sent no token" in error
             assert len(events) == 3 + 2  # three tokens, the error, [DONE]
-            assert httpx.get(staller + "/sim/state").json()["running"] == 0  # upstream aborted
+            deadline = time.monotonic() + 5
+            while sim_state(staller)["running"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sim_state(staller)["running"] == 0  # the upstream sequence was aborted
             assert not any(settled(gw).values())
