@@ -1,0 +1,396 @@
+"""The simulated replica as an ASGI app: routes per dialect over one shared generation path.
+
+Every generation route does the same thing: parse into a ``Job`` (exact prompt tokens),
+maybe inject a fault, submit a ``Sequence`` to the engine, then either wait for it and answer
+once, or stream its tokens as they become visible. A client that goes away aborts the sequence
+at once (slot and KV freed), so no work is orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from gateway.sim import textgen
+from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respond_json, start_stream,
+                              wait_disconnect, watch_disconnect, write)
+from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
+from gateway.sim.engine import Sequence, block_hashes, make_engine
+from gateway.sim.faults import FaultError, Faults
+from gateway.sim.metrics import make_meter, render
+from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
+from gateway.sim.profiles import Profile
+from gateway.sim.wire import OpenAIStream, TGIStream, openai_body, tgi_output
+from gateway.tokens import ModelTokenizer
+
+Handler = Callable[[Request], Awaitable[None]]
+FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
+VERSION = {"vllm": "0.15.1", "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": "b6000"}
+
+
+@dataclass
+class SimConfig:
+    dialect: str
+    model: str
+    max_model_len: int
+    profile: Profile
+    tokenizer: ModelTokenizer
+    tokenizer_dir: str = ""
+    speed: float = 1.0
+    prefix_cache: bool = False
+    faults: Faults = field(default_factory=Faults)
+    vllm_flat_errors: bool = False
+    tgi_sse_no_space: bool = False
+    max_concurrent_requests: int = 128   # TGI's semaphore
+    max_input_tokens: int | None = None  # TGI; default max_model_len - 1
+
+
+class SimApp:
+    """One replica. ``await app(scope, receive, send)`` is the ASGI entry point."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.dialect: Dialect = make_dialect(cfg.dialect, cfg.vllm_flat_errors, cfg.tgi_sse_no_space)
+        self.faults = cfg.faults
+        self.meter = make_meter(cfg.dialect, cfg.max_model_len)
+        self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
+        self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
+                             cfg.max_input_tokens or cfg.max_model_len - 1)
+        self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
+        self.created = int(time.time())
+        self.in_flight = 0
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/health"): self.health,
+            ("GET", "/metrics"): self.metrics,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/sim/state"): self.sim_state,
+            ("GET", "/sim/faults"): self.get_faults,
+            ("POST", "/sim/faults"): self.set_faults,
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/chat/completions"): self.chat_completions,
+        }
+        extra: dict[str, dict[tuple[str, str], Handler]] = {
+            "vllm": {("GET", "/version"): self.version, ("POST", "/tokenize"): self.vllm_tokenize,
+                     ("POST", "/detokenize"): self.vllm_detokenize, ("GET", "/ping"): self.health,
+                     ("POST", "/ping"): self.health},
+            "sglang": {("GET", "/server_info"): self.server_info, ("GET", "/get_server_info"): self.server_info,
+                       ("GET", "/model_info"): self.model_info, ("GET", "/get_model_info"): self.model_info,
+                       ("GET", "/health_generate"): self.health},
+            "llamacpp": {("GET", "/props"): self.props, ("GET", "/models"): self.models,
+                         ("POST", "/tokenize"): self.llamacpp_tokenize},
+            "tgi": {("POST", "/generate"): self.generate, ("POST", "/generate_stream"): self.generate_stream,
+                    ("POST", "/"): self.compat_generate, ("GET", "/info"): self.info,
+                    ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
+        }
+        self.routes.update(extra[cfg.dialect])
+        self.paths = {path for _, path in self.routes}
+
+    # --- ASGI ---
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            handler = self.routes.get((scope["method"], scope["path"]))
+            try:
+                body = await read_body(receive)
+            except ConnectionAbortedError:
+                return
+            req = Request(scope, receive, send, body)
+            if handler is None:
+                err = self.dialect.not_found_route() if scope["path"] not in self.paths else \
+                    ClientError("Method Not Allowed", "invalid", status=405)
+                await self.error(req, err)
+                return
+            try:
+                await handler(req)
+            except ClientError as err:
+                await self.error(req, err)
+        elif scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self.engine.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.engine.stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def error(self, req: Request, err: ClientError) -> None:
+        status, body = self.dialect.error_body(err)
+        if err.kind not in ("not_found",) and status != 405:
+            self.meter.failure(FAILURE_LABEL.get(err.kind, "validation"))
+        await respond_json(req.send, status, body)
+
+    # --- the shared generation path ---
+
+    def _admit(self) -> None:
+        if isinstance(self.dialect, TGI) and self.in_flight >= self.cfg.max_concurrent_requests:
+            raise ClientError("Model is overloaded", "overloaded")
+        if self.faults.should_fail():
+            self.meter.errors_injected += 1
+            raise ClientError("Simulated engine failure (injected fault)", "injected",
+                              status=self.faults.error_status)
+
+    async def run(self, req: Request, job: Job, stream: Any, body: Callable[[list[int], Sequence], bytes],
+                  headers: Callable[[Sequence], list[tuple[bytes, bytes]]] | None = None) -> None:
+        """Generate ``job`` and answer: streamed through ``stream`` or as ``body(pieces, seq)``."""
+        self._admit()
+        engine = self.engine
+        hashes = block_hashes(job.prompt_ids, self.cfg.profile.block_size) if self.cfg.prefix_cache else ()
+        seq = Sequence(job.prompt_tokens, job.max_new, job.finish_reason, hashes)
+        pieces = textgen.generate(job.seed, job.max_new)
+        self.meter.requests_received += 1
+        self.in_flight += 1
+        engine.submit(seq)
+        watcher = watch_disconnect(req.receive, lambda: engine.abort(seq)) if engine.delays else None
+        try:
+            if job.stream:
+                await self._stream(req, seq, pieces, stream, headers(seq) if headers else None, watcher)
+                return
+            while not seq.done:
+                await engine.wait(seq, seq.visible)
+            if seq.aborted:
+                return
+            if self.faults.stall_after is not None:
+                await (watcher if watcher else wait_disconnect(req.receive))
+                return
+            if self.faults.drop_after is not None:
+                raise DropConnection
+            await respond(req.send, 200, body(pieces, seq), headers=headers(seq) if headers else None)
+        finally:
+            self.in_flight -= 1
+            if watcher is not None:
+                watcher.cancel()
+            if not seq.done:
+                engine.abort(seq)
+
+    async def _stream(self, req: Request, seq: Sequence, pieces: list[int], events: Any,
+                      headers: list[tuple[bytes, bytes]] | None, watcher: asyncio.Task | None) -> None:
+        send, engine, n = req.send, self.engine, seq.max_new_tokens
+        stall, drop = self.faults.stall_after, self.faults.drop_after
+        await start_stream(send, headers)
+        out, seen = [events.open()], 0
+        while True:
+            visible = await engine.wait(seq, seen)
+            if seq.aborted:
+                return
+            upto = min(visible, stall if stall is not None else n, drop if drop is not None else n)
+            if upto > seen:
+                out.append(events.tokens(seen, pieces[seen:upto]))
+                seen = upto
+            if drop is not None and seen >= drop and seen < n:
+                await write(send, b"".join(out))
+                raise DropConnection
+            if stall is not None and seen >= stall and seen < n:
+                await write(send, b"".join(out))
+                await (watcher if watcher else wait_disconnect(req.receive))
+                return
+            if seen >= n:
+                out.append(events.close(seen))
+                await write(send, b"".join(out), more=False)
+                return
+            await write(send, b"".join(out))
+            out = []
+
+    # --- OpenAI routes (vllm, sglang, llamacpp, and TGI's messages API) ---
+
+    async def completions(self, req: Request) -> None:
+        await self._openai(req, chat=False)
+
+    async def chat_completions(self, req: Request) -> None:
+        await self._openai(req, chat=True)
+
+    async def _openai(self, req: Request, chat: bool) -> None:
+        d, cfg = self.dialect, self.cfg
+        try:
+            body = load_json(req.body, d)
+            job = openai_job(body, chat, cfg.tokenizer, d, self.limits)
+        except ClientError as err:
+            if isinstance(d, TGI) and isinstance(req_body_stream(req.body), bool) and req_body_stream(req.body):
+                self.meter.failure("validation")
+                await start_stream(req.send)
+                await write(req.send, d.chat_stream_error_event(err), more=False)
+                return
+            raise
+        model = body.get("model") or cfg.model
+        events = OpenAIStream(chat, model, job.prompt_tokens, job.max_new, job.finish_reason,
+                              job.include_usage, job.continuous_usage, d.data_prefix)
+        await self.run(req, job, events,
+                       lambda pieces, seq: openai_body(chat, model, job.prompt_tokens, pieces, seq.finish_reason))
+
+    async def models(self, req: Request) -> None:
+        card = self.dialect.model_card(self.cfg.model, self.cfg.max_model_len, self.created)
+        await respond_json(req.send, 200, {"object": "list", "data": [card]})
+
+    # --- TGI routes ---
+
+    async def generate(self, req: Request) -> None:
+        await self._tgi(req, stream=False)
+
+    async def generate_stream(self, req: Request) -> None:
+        await self._tgi(req, stream=True)
+
+    async def compat_generate(self, req: Request) -> None:
+        await self._tgi(req, stream=None)
+
+    async def _tgi(self, req: Request, stream: bool | None) -> None:
+        d = self.dialect
+        assert isinstance(d, TGI)
+        body = load_json(req.body, d)
+        streaming = stream if stream is not None else body.get("stream") is True
+        compat = stream is None
+        try:
+            job = tgi_job(body, self.cfg.tokenizer, d, self.limits, streaming)
+            if streaming:
+                self._check_overload()
+        except ClientError as err:
+            if not streaming or err.kind == "schema":
+                raise
+            self.meter.failure(FAILURE_LABEL.get(err.kind, "validation"))
+            await start_stream(req.send, [(b"x-compute-type", b"gpu+optimized")])
+            await write(req.send, d.stream_error_event(err), more=False)  # TGI: errors inside HTTP 200
+            return
+        events = TGIStream(self.piece_ids, job.prompt_tokens, job.max_new, job.finish_reason,
+                           job.reported_seed, job.details, d.data_prefix)
+
+        def body_of(pieces: list[int], seq: Sequence) -> bytes:
+            out = tgi_output(self.piece_ids, pieces, seq.finish_reason, job.reported_seed, job.details)
+            return orjson.dumps([out] if compat else out)
+
+        await self.run(req, job, events, body_of, self._tgi_headers)
+
+    def _check_overload(self) -> None:
+        if self.in_flight >= self.cfg.max_concurrent_requests:
+            raise ClientError("Model is overloaded", "overloaded")
+
+    def _tgi_headers(self, seq: Sequence) -> list[tuple[bytes, bytes]]:
+        ms = lambda seconds: b"%d" % int(max(0.0, seconds) * 1000)  # noqa: E731
+        end = seq.last_token_at or seq.arrived
+        queue = (seq.admitted_at or seq.arrived) - seq.arrived
+        total = end - seq.arrived
+        return [(b"x-compute-type", b"gpu+optimized"), (b"x-compute-time", ms(total)),
+                (b"x-total-time", ms(total)), (b"x-validation-time", b"0"), (b"x-queue-time", ms(queue)),
+                (b"x-inference-time", ms(total - queue)),
+                (b"x-time-per-token", ms((total - queue) / max(1, seq.generated))),
+                (b"x-prompt-tokens", b"%d" % seq.prompt_tokens), (b"x-generated-tokens", b"%d" % seq.generated)]
+
+    async def info(self, req: Request) -> None:
+        p, cfg = self.cfg.profile, self.cfg
+        await respond_json(req.send, 200, {
+            "model_id": cfg.model, "model_sha": None, "model_dtype": "torch.bfloat16",
+            "model_device_type": "cuda", "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": cfg.max_concurrent_requests, "max_best_of": 2, "max_stop_sequences": 4,
+            "max_input_tokens": self.limits.max_input_tokens, "max_total_tokens": cfg.max_model_len,
+            "waiting_served_ratio": 0.3, "max_batch_total_tokens": min(p.kv_capacity_tokens, 2**31 - 1),
+            "max_waiting_tokens": 20, "max_batch_size": p.max_running_seqs, "validation_workers": 2,
+            "max_client_batch_size": 4, "router": "text-generation-router", "version": VERSION["tgi"],
+            "sha": None, "docker_label": None})
+
+    async def tgi_tokenize(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        inputs = body.get("inputs")
+        if not isinstance(inputs, str):
+            raise ClientError("Failed to deserialize the JSON body into the target type: missing field `inputs`",
+                              "schema")
+        enc = self.cfg.tokenizer.tokenizer.encode(inputs, add_special_tokens=True)
+        await respond_json(req.send, 200, [{"id": i, "text": inputs[a:b], "start": a, "stop": b}
+                                           for i, (a, b) in zip(enc.ids, enc.offsets)])
+
+    # --- other dialect routes ---
+
+    async def vllm_tokenize(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        tok = self.cfg.tokenizer
+        if "messages" in body:
+            ids = chat_ids(body, tok, self.dialect)
+        else:
+            if not isinstance(body.get("prompt"), str):
+                raise ClientError("1 validation error:\n  {'loc': ('body', 'prompt'), 'msg': 'Field required'}",
+                                  "schema", "prompt")
+            add = body.get("add_special_tokens", True)
+            ids = tok.encode(body["prompt"], add_special_tokens=add is not False)
+        await respond_json(req.send, 200, {"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                                           "tokens": ids})
+
+    async def vllm_detokenize(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ClientError("1 validation error:\n  {'loc': ('body', 'tokens'), 'msg': 'Input should be a "
+                              "valid list of integers'}", "schema", "tokens")
+        await respond_json(req.send, 200, {"prompt": self.cfg.tokenizer.decode(tokens)})
+
+    async def llamacpp_tokenize(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise ClientError("\"content\" must be provided", "invalid")
+        ids = self.cfg.tokenizer.encode(content, add_special_tokens=body.get("add_special") is True)
+        await respond_json(req.send, 200, {"tokens": ids})
+
+    async def version(self, req: Request) -> None:
+        await respond_json(req.send, 200, {"version": VERSION["vllm"]})
+
+    async def server_info(self, req: Request) -> None:
+        cfg = self.cfg
+        await respond_json(req.send, 200, {
+            "model_path": cfg.model, "tokenizer_path": cfg.tokenizer_dir, "served_model_name": cfg.model,
+            "context_length": cfg.max_model_len, "max_running_requests": cfg.profile.max_running_seqs,
+            "max_total_num_tokens": min(cfg.profile.kv_capacity_tokens, 2**31 - 1),
+            "chunked_prefill_size": cfg.profile.max_batched_tokens, "version": VERSION["sglang"]})
+
+    async def model_info(self, req: Request) -> None:
+        await respond_json(req.send, 200, {"model_path": self.cfg.model, "tokenizer_path": self.cfg.tokenizer_dir,
+                                           "is_generation": True})
+
+    async def props(self, req: Request) -> None:
+        cfg = self.cfg
+        await respond_json(req.send, 200, {
+            "default_generation_settings": {"n_ctx": cfg.max_model_len, "n_predict": -1, "model": cfg.model,
+                                            "params": {"n_predict": -1, "seed": -1}},
+            "total_slots": cfg.profile.max_running_seqs, "model_path": cfg.model,
+            "chat_template": cfg.tokenizer.chat_template or "", "build_info": VERSION["llamacpp"]})
+
+    # --- probes, metrics, simulator control ---
+
+    async def health(self, req: Request) -> None:
+        status, body, ctype = self.dialect.health(not self.faults.fail_health)
+        await respond(req.send, status, body, ctype)
+
+    async def metrics(self, req: Request) -> None:
+        text = render(self.cfg.dialect, self.meter, self.engine.gauges(), self.cfg.model)
+        await respond(req.send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
+
+    async def sim_state(self, req: Request) -> None:
+        m = self.meter
+        await respond_json(req.send, 200, {
+            **self.engine.state(), "in_flight": self.in_flight, "errors_injected_total": m.errors_injected,
+            "prompt_tokens_total": m.prompt_tokens, "generation_tokens_total": m.generation_tokens,
+            "preemptions_total": m.preemptions, "prefix_cache_hit_tokens": m.prefix_hits,
+            "ttft_count": m.ttft.count, "ttft_sum_s": m.ttft.sum,
+            "dialect": self.cfg.dialect, "profile": self.cfg.profile.name, "speed": self.cfg.speed,
+            "faults": self.faults.as_dict()})
+
+    async def get_faults(self, req: Request) -> None:
+        await respond_json(req.send, 200, self.faults.as_dict())
+
+    async def set_faults(self, req: Request) -> None:
+        try:
+            self.faults.update(orjson.loads(req.body or b"{}"))
+        except (FaultError, orjson.JSONDecodeError) as exc:
+            await respond_json(req.send, 400, {"error": str(exc)})
+            return
+        await respond_json(req.send, 200, self.faults.as_dict())
+
+
+def req_body_stream(body: bytes) -> Any:
+    """The ``stream`` flag of a body that may not parse (for TGI's in-stream errors)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data.get("stream") if isinstance(data, dict) else None

@@ -1,0 +1,152 @@
+"""Run one simulated GPU engine replica (one process = one replica = one GPU).
+
+It speaks the wire format of a real engine (vLLM, TGI, SGLang or llama.cpp: routes, JSON
+shapes, SSE bytes, error wording, Prometheus names), counts prompt tokens exactly with the
+model's tokenizer and chat template, and paces tokens with a continuous-batching model of one
+GPU (KV capacity, running-sequence limit, chunked prefill, optional prefix cache).
+
+profiles (--profile):
+  llama3-8b-a100       Llama-3-8B on one A100-80GB, vLLM-like (default; ~2,400 tok/s at 100 users)
+  llama3-8b-a100-fast  same GPU, the fastest engine of the same benchmark (~4,000 tok/s)
+  paced                fixed TTFT (--ttft-ms) and inter-token delay (--itl-ms), no batching
+  instant              no delays, least CPU per token (for measuring a gateway's own overhead)
+
+simulator-only endpoints:
+  GET  /sim/state    {"running", "waiting", "kv_used_tokens", "kv_capacity_tokens",
+                      "completed_total", "aborted_total", "errors_injected_total", "in_flight", ...}
+  GET  /sim/faults   the current faults
+  POST /sim/faults   change faults at run time, e.g. {"fail_health": true} or
+                     {"error_rate": 0.5, "error_status": 503} or {"stall_after": null}
+                     (names as the fault flags below, with _ for -)
+
+Times in the engine's metrics are simulated seconds (wall seconds x --speed).
+
+examples:
+  llm-gateway sim --dialect vllm --port 8001 --model llama-3-8b --max-model-len 8192
+  llm-gateway sim --dialect tgi --port 8002 --model llama-3-8b --max-model-len 8192 --profile paced
+  llm-gateway sim --dialect vllm --port 8003 --model m --max-model-len 2048 --speed 20 \\
+      --kv-capacity-tokens 4096 --prefix-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.sim.profiles import DEFAULT_PROFILE, PROFILES
+
+DIALECTS = ("vllm", "tgi", "sglang", "llamacpp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    server = parser.add_argument_group("replica")
+    server.add_argument("--dialect", required=True, choices=DIALECTS, help="engine wire format to speak")
+    server.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    server.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    server.add_argument("--model", default="sim-model", help="served model name (default sim-model)")
+    server.add_argument("--max-model-len", type=int, default=8192,
+                        help="context window in tokens (vLLM max_model_len, TGI max_total_tokens, "
+                             "SGLang context_length, llama.cpp per-slot n_ctx; default 8192)")
+    server.add_argument("--tokenizer", metavar="DIR",
+                        help="model directory with tokenizer.json and a chat template "
+                             "(default: the built-in small model directory)")
+    server.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                        help="uvicorn log level (default warning; access log is always off)")
+
+    timing = parser.add_argument_group("timing model")
+    timing.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES),
+                        help=f"hardware profile (default {DEFAULT_PROFILE})")
+    timing.add_argument("--speed", type=float, default=1.0,
+                        help="run the simulated clock X times faster than real time (default 1)")
+    timing.add_argument("--mean-output-tokens", type=int,
+                        help="mean output length when a request sets no max_tokens (profile default 128)")
+    timing.add_argument("--kv-capacity-tokens", type=int, help="override the KV-cache size in tokens")
+    timing.add_argument("--max-running-seqs", type=int,
+                        help="override the max running sequences (vLLM max_num_seqs, llama.cpp slots)")
+    timing.add_argument("--max-batched-tokens", type=int, help="override the per-step token budget")
+    timing.add_argument("--step-base-ms", type=float, help="override the fixed cost of one engine step")
+    timing.add_argument("--decode-per-seq-ms", type=float, help="override the step cost per decoding sequence")
+    timing.add_argument("--prefill-per-token-ms", type=float, help="override the step cost per prefill token")
+    timing.add_argument("--ttft-ms", type=float, help="paced profile: time to first token")
+    timing.add_argument("--itl-ms", type=float, help="paced profile: delay between tokens")
+    timing.add_argument("--prefix-cache", action="store_true",
+                        help="cache prompt blocks (LRU, bounded by KV capacity); cached prefixes skip prefill")
+
+    wire = parser.add_argument_group("wire variants")
+    wire.add_argument("--vllm-flat-errors", action="store_true",
+                      help="vLLM <= 0.10.0: flat error body {\"object\":\"error\",...} and the old "
+                           "context-length wording")
+    wire.add_argument("--tgi-sse-no-space", action="store_true", help="TGI < 2.1: SSE lines 'data:{...}'")
+    wire.add_argument("--max-concurrent-requests", type=int, default=128,
+                      help="TGI: 429 'Model is overloaded' past this many requests in flight (default 128)")
+    wire.add_argument("--max-input-tokens", type=int,
+                      help="TGI: max_input_tokens (default --max-model-len minus 1)")
+
+    faults = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
+    faults.add_argument("--fail-health", action="store_true", help="/health answers 503 in the dialect's shape")
+    faults.add_argument("--error-rate", type=float, default=0.0,
+                        help="share of generation requests answered with --error-status (0..1)")
+    faults.add_argument("--error-status", type=int, default=500, choices=(500, 503),
+                        help="status of injected errors (default 500)")
+    faults.add_argument("--stall-after", type=int, metavar="N",
+                        help="stop emitting after N tokens and keep the connection open")
+    faults.add_argument("--drop-after", type=int, metavar="N", help="close the connection abruptly after N tokens")
+    faults.add_argument("--slowdown", type=float, default=1.0, help="multiply every simulated delay by X")
+    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the --error-rate coin (default 0)")
+
+
+def build_config(args: argparse.Namespace):
+    """The replica's configuration from parsed flags (raises ValueError on inconsistent flags)."""
+    import random
+
+    from gateway.model_dir import builtin_model_dir
+    from gateway.sim.app import SimConfig
+    from gateway.sim.faults import Faults, check
+    from gateway.sim.profiles import get_profile
+    from gateway.tokens import load_tokenizer
+
+    ms = lambda v: None if v is None else v / 1000.0  # noqa: E731
+    profile = get_profile(args.profile).with_overrides(
+        mean_output_tokens=args.mean_output_tokens, kv_capacity_tokens=args.kv_capacity_tokens,
+        max_running_seqs=args.max_running_seqs, max_batched_tokens=args.max_batched_tokens,
+        step_base_s=ms(args.step_base_ms), decode_per_seq_s=ms(args.decode_per_seq_ms),
+        prefill_per_token_s=ms(args.prefill_per_token_ms), ttft_s=ms(args.ttft_ms), itl_s=ms(args.itl_ms))
+    if args.max_model_len < 2:
+        raise ValueError("--max-model-len must be at least 2")
+    if args.speed <= 0:
+        raise ValueError("--speed must be > 0")
+    if profile.kind == "batched" and profile.kv_capacity_tokens < args.max_model_len + 1:
+        raise ValueError("--kv-capacity-tokens must be at least --max-model-len + 1 "
+                         "(one full-length sequence must fit)")
+    if profile.max_running_seqs < 1 or profile.max_batched_tokens < 1:
+        raise ValueError("--max-running-seqs and --max-batched-tokens must be >= 1")
+    faults = Faults(fail_health=args.fail_health, error_rate=args.error_rate, error_status=args.error_status,
+                    stall_after=args.stall_after, drop_after=args.drop_after, slowdown=args.slowdown,
+                    rng=random.Random(args.fault_seed))
+    check(faults.as_dict())
+    tokenizer_dir = str(args.tokenizer or builtin_model_dir())
+    return SimConfig(
+        dialect=args.dialect, model=args.model, max_model_len=args.max_model_len, profile=profile,
+        tokenizer=load_tokenizer(tokenizer_dir), tokenizer_dir=tokenizer_dir, speed=args.speed,
+        prefix_cache=args.prefix_cache, faults=faults, vllm_flat_errors=args.vllm_flat_errors,
+        tgi_sse_no_space=args.tgi_sse_no_space, max_concurrent_requests=args.max_concurrent_requests,
+        max_input_tokens=args.max_input_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import uvicorn
+
+    from gateway.sim.app import SimApp
+    from gateway.sim.asgi import quiet_injected_drops
+    from gateway.sim.faults import FaultError
+
+    try:
+        cfg = build_config(args)
+    except (ValueError, FaultError, FileNotFoundError) as exc:
+        print(f"llm-gateway sim: error: {exc}", file=sys.stderr)
+        return 2
+    quiet_injected_drops()
+    uvicorn.run(SimApp(cfg), host=args.host, port=args.port, loop="uvloop", http="httptools",
+                access_log=False, log_level=args.log_level, lifespan="on")
+    return 0
