@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-import anyio
-import httpx
+import aiohttp
 import orjson
 
 from gateway.config import TimeoutsConfig
@@ -75,61 +74,62 @@ def _usage_from_json(payload: Any, api: Api) -> Usage:
 
 
 class Relay:
-    def __init__(self, client: httpx.AsyncClient, timeouts: TimeoutsConfig,
+    def __init__(self, session: aiohttp.ClientSession, timeouts: TimeoutsConfig,
                  metrics: GatewayMetrics) -> None:
-        self.client = client
+        self.session = session
         self.timeouts = timeouts
         self.metrics = metrics
+        self._connect_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
+                                                      sock_connect=timeouts.connect)
 
     async def forward(self, request: GenerationRequest, placement: Placement, arrival: float,
                       request_id: str) -> Reply:
         """Send to the replica. Raises GatewayError (lease released) if no answer can stream."""
         replica = placement.replica
         meter = self.metrics.for_replica(replica, request.api)
-        upstream = self.client.build_request(
-            "POST", replica.url + request.path, content=upstream_body(request),
-            headers={"content-type": "application/json", "accept-encoding": "identity",
-                     "x-request-id": request_id},
-            timeout=httpx.Timeout(self.timeouts.total, connect=self.timeouts.connect,
-                                  read=None if request.stream else self.timeouts.total))
+        body = upstream_body(request)
+        headers = {"content-type": "application/json", "x-request-id": request_id}
         meter.overhead.observe(time.perf_counter() - arrival)
-        response: httpx.Response | None = None
+        response: aiohttp.ClientResponse | None = None
+        content = b""
         try:
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream
                                            else self.timeouts.total):
-                    response = await self.client.send(upstream, stream=True)
-                    if response.status_code >= 400 or not request.stream:
-                        await response.aread()
+                    response = await self.session.post(replica.url + request.path, data=body,
+                                                       headers=headers,
+                                                       timeout=self._connect_timeout)
+                    if response.status >= 400 or not request.stream:
+                        content = await response.read()
             except TimeoutError:
                 self.metrics.upstream_error(replica, "timeout")
                 raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
-            except httpx.HTTPError as exc:
-                kind = "connect" if isinstance(exc, httpx.ConnectError) else "transport"
+            except aiohttp.ClientError as exc:
+                kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "transport"
                 self.metrics.upstream_error(replica, kind)
                 raise UpstreamUnavailable(f"replica {replica.name} failed: "
                                           f"{type(exc).__name__}: {exc}") from None
-            if response.status_code >= 400:
-                self.metrics.upstream_error(replica, f"http_{status_class(response.status_code)}")
-                raise error_from_engine(response.status_code, response.content)
+            if response.status >= 400:
+                self.metrics.upstream_error(replica, f"http_{status_class(response.status)}")
+                raise error_from_engine(response.status, content)
         except BaseException as exc:  # including the client leaving (CancelledError)
             placement.lease.close()
             if response is not None:
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
+                response.close()  # drops the connection: the engine aborts the sequence
             status = exc.status if isinstance(exc, GatewayError) else 499
             meter.requests[status_class(status)].inc()
             raise
-        headers = self._headers(response, placement, request_id)
+        reply_headers = self._headers(response, placement, request_id)
         if not request.stream:
-            return self._complete(request, placement, meter, response, headers, arrival)
-        return Reply(response.status_code, headers,
+            return self._complete(request, placement, meter, response, content, reply_headers,
+                                  arrival)
+        return Reply(response.status, reply_headers,
                      stream=self._stream(request, placement, meter, response, arrival))
 
     @staticmethod
-    def _headers(response: httpx.Response, placement: Placement,
+    def _headers(response: aiohttp.ClientResponse, placement: Placement,
                  request_id: str) -> list[tuple[bytes, bytes]]:
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED_HEADERS
+        headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROPPED_HEADERS
                    and not k.lower().startswith(b"x-gateway-") and k.lower() != b"x-request-id"]
         headers += [(b"x-gateway-replica", placement.replica.name.encode()),
                     (b"x-gateway-pool", placement.replica.pool.encode()),
@@ -137,21 +137,22 @@ class Relay:
         return headers
 
     def _complete(self, request: GenerationRequest, placement: Placement, meter: RequestMetrics,
-                  response: httpx.Response, headers: list[tuple[bytes, bytes]],
-                  arrival: float) -> Reply:
+                  response: aiohttp.ClientResponse, body: bytes,
+                  headers: list[tuple[bytes, bytes]], arrival: float) -> Reply:
         placement.lease.close()
-        body = response.content
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
         except orjson.JSONDecodeError:
             usage = Usage()
         # TGI's /generate reports counts in headers when details are off.
-        if usage.completion_tokens is None and response.headers.get("x-generated-tokens", "").isdigit():
-            usage.completion_tokens = int(response.headers["x-generated-tokens"])
-        if usage.prompt_tokens is None and response.headers.get("x-prompt-tokens", "").isdigit():
-            usage.prompt_tokens = int(response.headers["x-prompt-tokens"])
-        self._account(meter, usage, arrival, None, None, status=response.status_code)
-        return Reply(response.status_code, headers, body=body, usage=usage)
+        generated, prompt = (response.headers.get("x-generated-tokens", ""),
+                             response.headers.get("x-prompt-tokens", ""))
+        if usage.completion_tokens is None and generated.isdigit():
+            usage.completion_tokens = int(generated)
+        if usage.prompt_tokens is None and prompt.isdigit():
+            usage.prompt_tokens = int(prompt)
+        self._account(meter, usage, arrival, None, None, status=response.status)
+        return Reply(response.status, headers, body=body, usage=usage)
 
     def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
                  first_at: float | None, last_at: float | None, status: int) -> None:
@@ -169,12 +170,13 @@ class Relay:
             meter.tokens_per_second.observe((generated - 1) / decode)
 
     async def _stream(self, request: GenerationRequest, placement: Placement,
-                      meter: RequestMetrics, response: httpx.Response,
+                      meter: RequestMetrics, response: aiohttp.ClientResponse,
                       arrival: float) -> AsyncIterator[bytes]:
         api = request.api
         lease = placement.lease
         reader = _EventReader(api, strip_usage=api is Api.OPENAI and not request.wants_usage)
-        chunks = response.aiter_raw().__aiter__()
+        # iter_any: whatever is buffered, in one piece (waiting events are coalesced).
+        chunks = response.content.iter_any().__aiter__()
         timeout = self.timeouts.first_token
         first_at = last_at = None
         status = 200
@@ -210,7 +212,7 @@ class Relay:
             yield UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
                                   f"{timeout:g}s (or the request ran past its total "
                                   f"{self.timeouts.total:g}s)").sse_event(api)
-        except (httpx.HTTPError, UpstreamUnavailable) as exc:
+        except (aiohttp.ClientError, UpstreamUnavailable) as exc:
             status = 502
             self.metrics.upstream_error(placement.replica, "stream_broken")
             error = exc if isinstance(exc, GatewayError) else UpstreamUnavailable(
@@ -221,8 +223,10 @@ class Relay:
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
             self._account(meter, reader.usage, arrival, first_at, last_at, status)
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            if response.content.at_eof():
+                response.release()  # back to the keep-alive pool
+            else:
+                response.close()  # cut: the engine sees the disconnect and aborts
 
 
 class _EventReader:
@@ -266,20 +270,20 @@ class _EventReader:
         return out, events
 
     def _read_usage(self, out: bytes, events: int) -> tuple[bytes, int]:
-        kept = []
-        for event in out.split(b"\n\n"):
-            payload = event.partition(b"data:")[2].strip()
-            if payload.startswith(b"{") and b'"usage"' in payload:
-                parsed = orjson.loads(payload)
-                usage = parsed.get("usage")
-                if isinstance(usage, dict):
-                    self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-                if not parsed.get("choices"):  # the usage-only chunk carries no token
-                    events -= 1
-                    if self.strip_usage:
-                        continue
-            kept.append(event)
-        return b"\n\n".join(kept), events
+        """Read the last usage in ``out`` (usage is cumulative); drop a usage-only chunk the
+        client did not ask for. Only that one event is parsed."""
+        at = max(out.rfind(b'"usage":{'), out.rfind(b'"usage": {'))
+        start = out.rfind(b"data:", 0, at)
+        end = out.find(b"\n\n", at) + 2
+        parsed = orjson.loads(out[start + 5:end])
+        usage = parsed.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        if not parsed.get("choices"):  # the usage-only chunk carries no token
+            events -= 1
+            if self.strip_usage:
+                out = out[:start] + out[end:]
+        return out, events
 
     def _read_tgi_final(self, out: bytes) -> None:
         for event in out.split(b"\n\n"):

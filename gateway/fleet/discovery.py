@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
+import aiohttp
 
 from gateway.fleet.replica import Replica
 
@@ -21,24 +21,30 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-async def discover_window(client: httpx.AsyncClient, replica: Replica, timeout: float) -> bool:
+async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) -> Any:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+        return await response.json(content_type=None)
+
+
+async def discover_window(session: aiohttp.ClientSession, replica: Replica,
+                          timeout: float) -> bool:
     """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards."""
     if replica.max_model_len is not None:
         return True
     try:
         if replica.engine == "tgi":
-            info = (await client.get(f"{replica.url}/info", timeout=timeout)).json()
+            info = await _get_json(session, f"{replica.url}/info", timeout)
             replica.max_model_len = _int(info.get("max_total_tokens"))
             replica.max_input_tokens = _int(info.get("max_input_tokens")
                                             or info.get("max_input_length"))
         elif replica.engine == "llamacpp":
-            props = (await client.get(f"{replica.url}/props", timeout=timeout)).json()
+            props = await _get_json(session, f"{replica.url}/props", timeout)
             replica.max_model_len = _int(props.get("default_generation_settings", {}).get("n_ctx"))
         else:
-            cards = (await client.get(f"{replica.url}/v1/models", timeout=timeout)).json()
+            cards = await _get_json(session, f"{replica.url}/v1/models", timeout)
             data = cards.get("data") or []
             card = next((c for c in data if c.get("id") == replica.model), data[0] if data else {})
             replica.max_model_len = _int(card.get("max_model_len"))
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
         log.info("could not discover the context window of %s yet: %s", replica.name, exc)
     return replica.max_model_len is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import httpx
+import aiohttp
 
 from gateway.config import HealthConfig
 from gateway.fleet.discovery import discover_window
@@ -17,22 +17,23 @@ log = logging.getLogger(__name__)
 class HealthChecker:
     """Marks replicas down after ``unhealthy_after`` failed probes, up after ``healthy_after``."""
 
-    def __init__(self, replicas: list[Replica], client: httpx.AsyncClient,
+    def __init__(self, replicas: list[Replica], session: aiohttp.ClientSession,
                  config: HealthConfig) -> None:
         self.replicas = replicas
-        self.client = client
+        self.session = session
+        self._timeout = aiohttp.ClientTimeout(total=config.timeout)
         self.config = config
         self._streak: dict[str, int] = {}  # >0 consecutive passes, <0 consecutive failures
 
     async def probe(self, replica: Replica) -> bool:
         try:
-            response = await self.client.get(f"{replica.url}/health", timeout=self.config.timeout)
-            ok = response.status_code == 200
-        except httpx.HTTPError:
+            async with self.session.get(f"{replica.url}/health", timeout=self._timeout) as response:
+                ok = response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             ok = False
         if ok:
             # An engine that just came up may not have told us its window yet.
-            await discover_window(self.client, replica, self.config.timeout)
+            await discover_window(self.session, replica, self.config.timeout)
         self._record(replica, ok)
         return ok
 

@@ -1,0 +1,734 @@
+"""Measure the overhead the gateway adds, side by side with the replica it fronts.
+
+    python -m gateway.bench.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
+
+Starts, on loopback, one simulated vLLM replica (``--profile instant``: it answers with no
+delay, so what remains is HTTP + relay cost) pinned to core 1 and one gateway worker in
+front of it pinned to core 0; the load generator runs on core 1 too. Then, for each scenario,
+it measures the replica directly and through the gateway alternately (A B B A, so drift
+cancels out) with a closed loop of C workers over a minimal HTTP/1.1 keep-alive client
+written on asyncio protocols (cheaper than any client library, so it is not the bottleneck):
+
+- streaming ``/v1/completions`` TTFT (request written -> first ``data: {`` event read)
+  p50/p99 at concurrency 1 and 64, max_tokens 16;
+- non-streaming ``/v1/completions`` requests/s at concurrency 64, max_tokens 16, with the
+  gateway's CPU time per request (``/proc/<pid>/stat`` utime+stime);
+- streamed tokens/s (``data: {`` events, ``[DONE]`` excluded) at concurrency 64 and 256,
+  max_tokens 256.
+
+It prints a markdown table and writes every figure plus machine info as JSON. With
+``--profile-dir`` it then samples the gateway with py-spy (raw format, non-blocking) under a
+non-streaming and a streaming load and summarises where its CPU time goes.
+Every phase is bounded in time; every request has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+MODEL = "m"
+GATEWAY_CORE, REPLICA_CORE, CLIENT_CORE = 0, 1, 1
+REQUEST_TIMEOUT = 30.0
+WARMUP = 0.5
+TICK = os.sysconf("SC_CLK_TCK")
+EVENT = b"data: {"
+
+# Targets of the issue (per gateway core).
+TARGET_RPS = 2000.0
+TARGET_TOKENS_PER_S = 40000.0
+TARGET_ADDED_TTFT_P50_MS = 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# A minimal HTTP/1.1 keep-alive client (content-length and chunked bodies, nothing else).
+
+@dataclass(slots=True)
+class Result:
+    status: int = 0
+    first: float | None = None   # perf_counter at the first `data: {` (stream) / body byte
+    end: float = 0.0
+    events: int = 0
+
+
+class Counter:
+    """Tokens seen while the measuring window is open (shared by all connections)."""
+
+    __slots__ = ("open", "tokens")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.tokens = 0
+
+
+_HEAD, _BODY, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER = range(5)
+
+
+class Conn(asyncio.Protocol):
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.state = _HEAD
+        self.remaining = 0
+        self.tail = b""
+        self.result: Result | None = None
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+        self.stream = False
+
+    # protocol callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection closed by the server"))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while True:
+            state = self.state
+            if state == _HEAD:
+                i = buf.find(b"\r\n\r\n")
+                if i < 0:
+                    return
+                head = bytes(buf[:i]).lower()
+                del buf[:i + 4]
+                self.result.status = int(head[9:12])  # type: ignore[union-attr]
+                if b"\r\ntransfer-encoding: chunked" in head:
+                    self.state = _CHUNK_SIZE
+                else:
+                    m = re.search(rb"\r\ncontent-length: *(\d+)", head)
+                    self.remaining = int(m.group(1)) if m else 0
+                    if self.remaining == 0:
+                        self._finish()
+                        continue
+                    self.state = _BODY
+            elif state == _BODY:
+                if len(buf) < self.remaining:
+                    return
+                self._body(bytes(buf[:self.remaining]))
+                del buf[:self.remaining]
+                self._finish()
+            elif state == _CHUNK_SIZE:
+                i = buf.find(b"\r\n")
+                if i < 0:
+                    return
+                size = int(bytes(buf[:i]).split(b";")[0], 16)
+                del buf[:i + 2]
+                if size == 0:
+                    self.state = _TRAILER
+                else:
+                    self.remaining = size
+                    self.state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                if len(buf) < self.remaining + 2:
+                    return
+                self._body(bytes(buf[:self.remaining]))
+                del buf[:self.remaining + 2]
+                self.state = _CHUNK_SIZE
+            else:  # _TRAILER
+                i = buf.find(b"\r\n")
+                if i < 0:
+                    return
+                empty = i == 0
+                del buf[:i + 2]
+                if empty:
+                    self._finish()
+
+    # parsing helpers
+    def _body(self, data: bytes) -> None:
+        result = self.result
+        assert result is not None
+        if self.stream:
+            n = (self.tail + data).count(EVENT)  # tail < len(EVENT): no double count
+            self.tail = data[-(len(EVENT) - 1):]
+            if n:
+                if result.first is None:
+                    result.first = time.perf_counter()
+                result.events += n
+                if self.counter.open:
+                    self.counter.tokens += n
+        elif result.first is None:
+            result.first = time.perf_counter()
+
+    def _finish(self) -> None:
+        self.result.end = time.perf_counter()  # type: ignore[union-attr]
+        self.state = _HEAD
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self.result)
+
+    # API
+    def send(self, raw: bytes, stream: bool) -> asyncio.Future:
+        if self.closed:
+            raise ConnectionError("connection closed")
+        self.stream = stream
+        self.tail = b""
+        self.result = Result()
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)  # type: ignore[union-attr]
+        return self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(port: int, counter: Counter) -> Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(lambda: Conn(counter), HOST, port)
+    return conn
+
+
+def request_bytes(port: int, stream: bool, max_tokens: int) -> bytes:
+    body = json.dumps({"model": MODEL, "prompt": "Measure the gateway overhead, please.",
+                       "max_tokens": max_tokens, "stream": stream,
+                       "temperature": 0}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of stat(5)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if r.status < 500:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def start(args: list[str], core: int, log: Path) -> subprocess.Popen:
+    prefix = ["taskset", "-c", str(core)] if shutil.which("taskset") else []
+    with open(log, "wb") as err:
+        return subprocess.Popen([*prefix, sys.executable, "-m", "gateway", *args], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def machine_info() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for name in ("uvicorn", "httptools", "uvloop", "httpx", "httpcore", "starlette", "fastapi"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:
+            pass
+    return {"nproc": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)),
+            "cpu_model": model, "python": platform.python_version(),
+            "implementation": platform.python_implementation(), "kernel": platform.release(),
+            "packages": versions}
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+
+@dataclass
+class Scenario:
+    key: str
+    what: str
+    stream: bool
+    concurrency: int
+    max_tokens: int
+
+
+SCENARIOS = [
+    Scenario("ttft_c1", "stream TTFT, c=1, max_tokens 16", True, 1, 16),
+    Scenario("ttft_c64", "stream TTFT, c=64, max_tokens 16", True, 64, 16),
+    Scenario("rps_c64", "non-stream req/s, c=64, max_tokens 16", False, 64, 16),
+    Scenario("tps_c64", "stream tokens/s, c=64, max_tokens 256", True, 64, 256),
+    Scenario("tps_c256", "stream tokens/s, c=256, max_tokens 256", True, 256, 256),
+]
+
+
+@dataclass
+class Segment:
+    window: float
+    requests: int
+    errors: int
+    tokens: int
+    ttfts: list[float] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+async def run_segment(port: int, sc: Scenario, seconds: float,
+                      pids: dict[str, int]) -> Segment:
+    """Closed loop: C workers, each one keep-alive connection, for WARMUP + seconds."""
+    counter = Counter()
+    raw = request_bytes(port, sc.stream, sc.max_tokens)
+    records: list[tuple[float, Result]] = []
+    errors = 0
+    conns = [await connect(port, counter) for _ in range(sc.concurrency)]
+    start_at = time.perf_counter()
+    w0 = start_at + WARMUP
+    w1 = w0 + seconds
+
+    async def worker(conn: Conn) -> None:
+        nonlocal errors
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= w1:
+                break
+            try:
+                if conn.closed:
+                    conn = await connect(port, counter)
+                result = await asyncio.wait_for(conn.send(raw, sc.stream), REQUEST_TIMEOUT)
+            except (ConnectionError, OSError, asyncio.TimeoutError):
+                errors += 1
+                conn.close()
+                conn.closed = True
+                continue
+            if result.status != 200:
+                errors += 1
+            records.append((t0, result))
+        conn.close()
+
+    async def window() -> dict[str, float]:
+        await asyncio.sleep(max(0.0, w0 - time.perf_counter()))
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        before["client"] = time.process_time()
+        counter.open = True
+        t_a = time.perf_counter()
+        await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
+        counter.open = False
+        t_b = time.perf_counter()
+        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        after["client"] = time.process_time()
+        return {"wall": t_b - t_a, **{k: after[k] - before[k] for k in before}}
+
+    results = await asyncio.gather(window(), *(worker(c) for c in conns))
+    cpu = results[0]
+    done = [(t0, r) for t0, r in records if r.status == 200 and w0 <= r.end <= w1]
+    ttfts = [r.first - t0 for t0, r in done if t0 >= w0 and r.first is not None]
+    if not sc.stream:
+        tokens = 0
+    else:
+        tokens = counter.tokens
+    return Segment(window=cpu.pop("wall"), requests=len(done), errors=errors, tokens=tokens,
+                   ttfts=ttfts, cpu=cpu)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def summarise(segments: list[Segment], sc: Scenario, gateway: bool) -> dict[str, Any]:
+    window = sum(s.window for s in segments)
+    requests = sum(s.requests for s in segments)
+    tokens = sum(s.tokens for s in segments)
+    ttfts = [t for s in segments for t in s.ttfts]
+    cpu = collections.Counter()
+    for s in segments:
+        cpu.update(s.cpu)
+    out: dict[str, Any] = {
+        "window_s": round(window, 3), "requests": requests,
+        "errors": sum(s.errors for s in segments),
+        "requests_per_s": requests / window if window else 0.0,
+        "cpu_util": {k: v / window for k, v in cpu.items()},  # cores busy, per process
+    }
+    if sc.stream:
+        out["tokens"] = tokens
+        out["tokens_per_s"] = tokens / window if window else 0.0
+        out["tokens_per_request"] = tokens / requests if requests else None
+        out["ttft_ms"] = {"p50": _ms(pct(ttfts, 50)), "p90": _ms(pct(ttfts, 90)),
+                          "p99": _ms(pct(ttfts, 99)),
+                          "mean": _ms(statistics.fmean(ttfts) if ttfts else None),
+                          "samples": len(ttfts)}
+    if gateway and "gateway" in cpu:
+        g = cpu["gateway"]
+        out["gateway_cpu_s"] = g
+        out["gateway_cpu_us_per_request"] = g / requests * 1e6 if requests else None
+        if sc.stream and tokens:
+            out["gateway_cpu_us_per_token"] = g / tokens * 1e6
+        # What one fully busy gateway core would sustain at this CPU cost.
+        if g > 0:
+            out["gateway_requests_per_core_s"] = requests / g
+            if sc.stream:
+                out["gateway_tokens_per_core_s"] = tokens / g
+    return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1e3, 3)
+
+
+async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float,
+                  rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    seg_s = per_target / rounds
+    for sc in SCENARIOS:
+        segs: dict[str, list[Segment]] = {"direct": [], "gateway": []}
+        order = []
+        for r in range(rounds):  # A B B A ...
+            order += ["direct", "gateway"] if r % 2 == 0 else ["gateway", "direct"]
+        for target in order:
+            segs[target].append(await run_segment(ports[target], sc, seg_s, pids))
+        out[sc.key] = {"scenario": sc.__dict__,
+                       "order": order,
+                       "direct": summarise(segs["direct"], sc, gateway=False),
+                       "gateway": summarise(segs["gateway"], sc, gateway=True)}
+        d, g = out[sc.key]["direct"], out[sc.key]["gateway"]
+        line = f"  {sc.key:9s} direct {d['requests_per_s']:8.0f} req/s  gateway {g['requests_per_s']:8.0f} req/s"
+        if sc.stream:
+            line += (f"  | tok/s {d['tokens_per_s']:8.0f} / {g['tokens_per_s']:8.0f}"
+                     f"  | TTFT p50 {d['ttft_ms']['p50']} / {g['ttft_ms']['p50']} ms")
+        print(line, file=sys.stderr, flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+def table(res: dict[str, Any]) -> str:
+    def f(x: float | None, nd: int = 0) -> str:
+        return "n/a" if x is None else f"{x:,.{nd}f}"
+
+    rows = ["| measurement | direct | via gateway | gateway − direct | target | met |",
+            "|---|---:|---:|---:|---:|:-:|"]
+    for key in ("ttft_c1", "ttft_c64"):
+        d, g = res[key]["direct"]["ttft_ms"], res[key]["gateway"]["ttft_ms"]
+        c = res[key]["scenario"]["concurrency"]
+        for q in ("p50", "p99"):
+            added = None if d[q] is None or g[q] is None else g[q] - d[q]
+            target, met = "", ""
+            if key == "ttft_c1" and q == "p50":
+                target = f"< {TARGET_ADDED_TTFT_P50_MS:g} ms"
+                met = "yes" if added is not None and added < TARGET_ADDED_TTFT_P50_MS else "no"
+            rows.append(f"| stream TTFT {q}, c={c}, 16 tok (ms) | {f(d[q], 3)} | {f(g[q], 3)} "
+                        f"| +{f(added, 3)} | {target} | {met} |")
+    r = res["rps_c64"]
+    d, g = r["direct"], r["gateway"]
+    met = "yes" if g["requests_per_s"] >= TARGET_RPS else "no"
+    rows.append(f"| non-stream req/s, c=64, 16 tok | {f(d['requests_per_s'])} | "
+                f"{f(g['requests_per_s'])} | {f(100 * (g['requests_per_s'] / d['requests_per_s'] - 1), 1)} % "
+                f"| ≥ {TARGET_RPS:,.0f} | {met} |")
+    rows.append(f"| gateway CPU per non-stream request (µs) | | "
+                f"{f(g.get('gateway_cpu_us_per_request'), 0)} | | | |")
+    rows.append(f"| non-stream req/s per busy gateway core (1 / CPU per request) | | "
+                f"{f(g.get('gateway_requests_per_core_s'))} | | ≥ {TARGET_RPS:,.0f} | "
+                f"{'yes' if (g.get('gateway_requests_per_core_s') or 0) >= TARGET_RPS else 'no'} |")
+    for key in ("tps_c64", "tps_c256"):
+        r = res[key]
+        d, g = r["direct"], r["gateway"]
+        c = r["scenario"]["concurrency"]
+        met = "yes" if g["tokens_per_s"] >= TARGET_TOKENS_PER_S else "no"
+        rows.append(f"| stream tokens/s, c={c}, 256 tok | {f(d['tokens_per_s'])} | "
+                    f"{f(g['tokens_per_s'])} | {f(100 * (g['tokens_per_s'] / d['tokens_per_s'] - 1), 1)} % "
+                    f"| ≥ {TARGET_TOKENS_PER_S:,.0f} | {met} |")
+        rows.append(f"| gateway CPU per streamed token, c={c} (µs) | | "
+                    f"{f(g.get('gateway_cpu_us_per_token'), 2)} | | | |")
+    rows.append("")
+    rows.append("CPU busy during each window (cores; gateway on core 0, replica + load "
+                "generator on core 1):")
+    rows.append("")
+    rows.append("| scenario | target | gateway | replica | load generator |")
+    rows.append("|---|---|---:|---:|---:|")
+    for key, r in res.items():
+        for target in ("direct", "gateway"):
+            u = r[target]["cpu_util"]
+            rows.append(f"| {key} | {target} | {u.get('gateway', 0):.2f} | "
+                        f"{u.get('replica', 0):.2f} | {u.get('client', 0):.2f} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling (py-spy, optional)
+
+GROUPS = [
+    ("uvicorn/httptools/uvloop", ("uvicorn/", "httptools", "uvloop")),
+    ("starlette/fastapi", ("starlette/", "fastapi/")),
+    ("httpx/httpcore/h11/anyio", ("httpx/", "httpcore/", "h11/", "anyio/", "sniffio")),
+    ("gateway", ("gateway/",)),
+    ("prometheus_client", ("prometheus_client/",)),
+    ("orjson/yaml/pydantic", ("orjson", "pydantic", "yaml/")),
+    ("asyncio", ("asyncio/",)),
+]
+# Frames every sample of the process passes through: never a cause.
+BOOTSTRAP = ("<frozen runpy>", "gateway/__main__.py", "gateway/cli.py", "gateway/serve.py",
+             "uvicorn/main.py", "uvicorn/server.py", "uvicorn/_compat.py",
+             "asyncio/runners.py")
+LOOP = "event loop (uvloop C: epoll, transports)"
+
+
+def group_of(frame: str) -> str:
+    loc = frame.rpartition("(")[2]
+    for name, needles in GROUPS:
+        if any(n in loc for n in needles):
+            return name
+    return "other"
+
+
+def owner_of(frames: list[str]) -> str:
+    """The group a sample's self time belongs to: the leaf's, or for a stdlib leaf
+    (contextlib, uuid, http.cookiejar, urllib, ipaddress, ...) its nearest known caller's.
+    A stack that is only bootstrap frames is time in the event loop's C code."""
+    if all(any(b in f for b in BOOTSTRAP) for f in frames):
+        return LOOP
+    for f in reversed(frames):
+        if any(b in f for b in BOOTSTRAP):
+            continue
+        g = group_of(f)
+        if g != "other":
+            return g
+    return "other (stdlib, no known caller in the sampled stack)"
+
+
+def summarise_raw(path: Path, top: int = 25) -> dict[str, Any]:
+    """py-spy --format raw: one line per distinct stack 'f1;f2;...;leaf count' (root first).
+
+    Coroutine stacks are cut at the last resumed await, so 'total' (inclusive) shares are
+    lower bounds; 'self' shares are exact up to sampling error.
+    """
+    self_t: collections.Counter = collections.Counter()
+    total_t: collections.Counter = collections.Counter()
+    group_self: collections.Counter = collections.Counter()
+    group_total: collections.Counter = collections.Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if f.strip()
+                  and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        samples += n
+        self_t[frames[-1]] += n
+        group_self[owner_of(frames)] += n
+        for fr in set(frames):
+            if not any(b in fr for b in BOOTSTRAP):
+                total_t[fr] += n
+        for grp in {group_of(fr) for fr in frames if not any(b in fr for b in BOOTSTRAP)}:
+            group_total[grp] += n
+
+    def share(c: collections.Counter, k: int) -> list[tuple[str, float]]:
+        return [(name, round(100 * v / samples, 1)) for name, v in c.most_common(k)]
+
+    return {"samples": samples, "group_self_pct": share(group_self, 20),
+            "group_total_pct": share(group_total, 20),
+            "top_self_pct": share(self_t, top), "top_total_pct": share(total_t, top)}
+
+
+async def profile(ports: dict[str, int], pids: dict[str, int], directory: Path,
+                  seconds: float) -> dict[str, Any]:
+    pyspy = shutil.which("py-spy")
+    if pyspy is None:
+        return {"error": "py-spy not found (pip install py-spy)"}
+    directory.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    for key in ("rps_c64", "tps_c64"):
+        sc = next(s for s in SCENARIOS if s.key == key)
+        raw = directory / f"gateway-{key}.raw"
+        svg = directory / f"gateway-{key}.svg"
+        # Two recordings over the same load: raw (to summarise) and a flamegraph (to look at).
+        procs = [subprocess.Popen([pyspy, "record", "--pid", str(pids["gateway"]),
+                                   "--duration", str(int(seconds)), "--rate", "200",
+                                   "--nonblocking", "--format", fmt, "-o", str(path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for fmt, path in (("raw", raw), ("flamegraph", svg))]
+        await asyncio.sleep(0.3)
+        seg = await run_segment(ports["gateway"], sc, seconds + 0.5, pids)
+        errs = []
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            if p.returncode:
+                errs.append(err.decode(errors="replace")[-500:])
+        entry: dict[str, Any] = {"raw": str(raw), "flamegraph": str(svg),
+                                 "load_requests_per_s": seg.requests / seg.window,
+                                 "load_tokens_per_s": seg.tokens / seg.window}
+        if errs:
+            entry["py_spy_errors"] = errs
+        if raw.exists():
+            entry.update(summarise_raw(raw))
+        out[key] = entry
+        print(f"  profiled {key}: {entry.get('samples', 0)} samples -> {svg}",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def profile_text(prof: dict[str, Any]) -> str:
+    lines = []
+    for key, p in prof.items():
+        if not isinstance(p, dict) or "samples" not in p:
+            lines.append(f"{key}: {p}")
+            continue
+        lines.append(f"\n### gateway profile under {key} ({p['samples']} samples, "
+                     f"{p['load_requests_per_s']:.0f} req/s)\n")
+        lines.append("group: self % (stdlib leaves charged to their caller's group) / "
+                     "inclusive % (lower bound)")
+        total = dict(p["group_total_pct"])
+        for name, s in p["group_self_pct"]:
+            lines.append(f"  {name:44s} {s:5.1f} / {total.get(name, 0):5.1f}")
+        lines.append("top functions by self %:")
+        for name, s in p["top_self_pct"][:15]:
+            lines.append(f"  {s:5.1f}  {name}")
+        lines.append("top functions by total %:")
+        for name, s in p["top_total_pct"][:20]:
+            lines.append(f"  {s:5.1f}  {name}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.bench.overhead",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=6.0,
+                        help="measured seconds per scenario and target (default 6; split "
+                             "into --rounds alternating segments, each after a 0.5 s warm-up)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternating segments per scenario: direct/gateway, then "
+                             "gateway/direct, ... (default 2)")
+    parser.add_argument("--out", default="overhead.json", help="JSON results file")
+    parser.add_argument("--profile-dir", type=Path,
+                        help="also profile the gateway with py-spy under load; write here")
+    parser.add_argument("--profile-seconds", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    if args.duration <= 0 or args.duration > 60 or not 1 <= args.rounds <= 10:
+        parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
+
+    if os.cpu_count() and os.cpu_count() >= 2:  # type: ignore[operator]
+        os.sched_setaffinity(0, {CLIENT_CORE})
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+
+    tmp = Path(tempfile.mkdtemp(prefix="gw-overhead-"))
+    rport, gport = free_port(), free_port()
+    config = tmp / "gateway.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "models": [{"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}",
+                                                 "engine": "vllm"}]}],
+    }))
+    procs: list[subprocess.Popen] = []
+    try:
+        replica = start(["sim", "--dialect", "vllm", "--profile", "instant", "--port", str(rport),
+                         "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
+                        tmp / "replica.log")
+        procs.append(replica)
+        wait_ready(f"http://{HOST}:{rport}/health", replica)
+        gateway = start(["serve", "--config", str(config), "--port", str(gport),
+                         "--log-level", "warning"], GATEWAY_CORE, tmp / "gateway.log")
+        procs.append(gateway)
+        wait_ready(f"http://{HOST}:{gport}/ready", gateway)
+        ports = {"direct": rport, "gateway": gport}
+        pids = {"gateway": gateway.pid, "replica": replica.pid}
+        print(f"replica pid {replica.pid} :{rport} (core {REPLICA_CORE}), gateway pid "
+              f"{gateway.pid} :{gport} (core {GATEWAY_CORE}), load generator core "
+              f"{CLIENT_CORE}", file=sys.stderr, flush=True)
+
+        started = time.time()
+        results = asyncio.run(measure(ports, pids, args.duration, args.rounds))
+        prof = None
+        if args.profile_dir:
+            prof = asyncio.run(profile(ports, pids, args.profile_dir,
+                                       min(args.profile_seconds, 30.0)))
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args} died during the run; see {tmp}")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+    report = {"command": " ".join([sys.executable, "-m", "gateway.bench.overhead",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+              "machine": machine_info(),
+              "setup": {"gateway_core": GATEWAY_CORE, "replica_core": REPLICA_CORE,
+                        "client_core": CLIENT_CORE, "replica": "sim vllm --profile instant",
+                        "gateway_workers": 1, "warmup_s": WARMUP,
+                        "seconds_per_target": args.duration, "rounds": args.rounds,
+                        "targets": {"requests_per_s_per_core": TARGET_RPS,
+                                    "tokens_per_s_per_core": TARGET_TOKENS_PER_S,
+                                    "added_ttft_p50_ms_c1": TARGET_ADDED_TTFT_P50_MS}},
+              "results": results}
+    if prof is not None:
+        report["profile"] = prof
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    m = report["machine"]
+    print(f"\n{m['nproc']} cores, {m['cpu_model']}, Python {m['python']}\n")
+    print(table(results))
+    if prof is not None:
+        print(profile_text(prof))
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
