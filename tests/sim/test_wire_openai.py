@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -93,7 +95,9 @@ def test_vllm_flat_errors(replica) -> None:
     r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 100})
     body = r.json()
     assert r.status_code == 400 and body["object"] == "error" and body["code"] == 400
-    assert "(3 in the messages, 100 in the completion)" in body["message"] or "in the messages" in body["message"]
+    assert re.fullmatch(r"This model's maximum context length is 64 tokens\. However, you requested (\d+) tokens "
+                        r"\((\d+) in the messages, 100 in the completion\)\. Please reduce the length of the "
+                        r"messages or completion\.", body["message"])
     with pytest.raises(openai.BadRequestError):
         client(base).completions.create(model="sim-model", prompt="hi", max_tokens=100)
 
