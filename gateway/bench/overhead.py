@@ -657,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-dir", type=Path,
                         help="also profile the gateway with py-spy under load; write here")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument("--sim-args", default="--profile instant",
+                        help="profile arguments of the simulated replica (default "
+                             "'--profile instant'; e.g. '--profile paced --ttft-ms 10 "
+                             "--itl-ms 10' for one event per token, as a real engine sends)")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.duration > 60 or not 1 <= args.rounds <= 10:
         parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
@@ -678,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     }))
     procs: list[subprocess.Popen] = []
     try:
-        replica = start(["sim", "--dialect", "vllm", "--profile", "instant", "--port", str(rport),
+        replica = start(["sim", "--dialect", "vllm", *args.sim_args.split(), "--port", str(rport),
                          "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
                         tmp / "replica.log")
         procs.append(replica)
@@ -711,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
               "machine": machine_info(),
               "setup": {"gateway_core": GATEWAY_CORE, "replica_core": REPLICA_CORE,
-                        "client_core": CLIENT_CORE, "replica": "sim vllm --profile instant",
+                        "client_core": CLIENT_CORE, "replica": f"sim vllm {args.sim_args}",
                         "gateway_workers": 1, "warmup_s": WARMUP,
                         "seconds_per_target": args.duration, "rounds": args.rounds,
                         "targets": {"requests_per_s_per_core": TARGET_RPS,
