@@ -71,9 +71,24 @@ def running(args: list[str], ready_url: str, env: dict[str, str] | None = None,
 @contextlib.contextmanager
 def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 4096,
         *extra: str, port: int | None = None) -> Iterator[str]:
-    """A simulated replica (``llm-gateway sim``) on loopback; yields its base URL."""
-    port = port or free_port()
-    args = ["sim", "--dialect", dialect, "--port", str(port), "--model", model,
-            "--max-model-len", str(max_model_len), *extra]
-    with running(args, f"http://127.0.0.1:{port}/health"):
-        yield f"http://127.0.0.1:{port}"
+    """A simulated replica (``llm-gateway sim``) on loopback; yields its base URL.
+
+    A free port can be taken by someone else between our probe and the server's bind, so a
+    replica that fails to start is tried once more on another port.
+    """
+    for attempt in (1, 2):
+        chosen = port or free_port()
+        args = ["sim", "--dialect", dialect, "--port", str(chosen), "--model", model,
+                "--max-model-len", str(max_model_len), *extra]
+        try:
+            server = running(args, f"http://127.0.0.1:{chosen}/health")
+            server.__enter__()
+        except RuntimeError:
+            if attempt == 2 or port is not None:
+                raise
+            continue
+        try:
+            yield f"http://127.0.0.1:{chosen}"
+        finally:
+            server.__exit__(None, None, None)
+        return
