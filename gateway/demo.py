@@ -9,9 +9,7 @@ runs them once to show the answers, then serves until Ctrl-C (or --duration).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import signal
 import socket
 import subprocess

@@ -19,7 +19,7 @@ from typing import Any
 from gateway.balance.policy import RequestCost
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest
+from gateway.protocol.errors import ContextLengthExceeded, InvalidRequest
 from gateway.protocol.request import GenerationRequest
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
