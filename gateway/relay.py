@@ -178,29 +178,36 @@ class Relay:
         # iter_any: whatever is buffered, in one piece (waiting events are coalesced).
         chunks = response.content.iter_any().__aiter__()
         timeout = self.timeouts.first_token
+        deadline = _Deadline(response)
         first_at = last_at = None
         status = 200
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(timeout):
+            try:
+                while True:
+                    deadline.set(timeout)
+                    try:
                         chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                out, events = reader.feed(chunk)
-                if not events:
-                    continue
-                last_at = time.perf_counter()
-                if first_at is None:
-                    first_at = last_at
-                    lease.first_token()
-                    meter.ttft.observe(first_at - arrival)
-                lease.generated(events)
-                # Between tokens, but never past the request's total budget.
-                timeout = min(self.timeouts.between_tokens,
-                              max(arrival + self.timeouts.total - last_at, 0.0))
-                if out:
-                    yield out
+                    except StopAsyncIteration:
+                        break
+                    out, events = reader.feed(chunk)
+                    if not events:
+                        continue
+                    last_at = time.perf_counter()
+                    if first_at is None:
+                        first_at = last_at
+                        lease.first_token()
+                        meter.ttft.observe(first_at - arrival)
+                    lease.generated(events)
+                    # Between tokens, but never past the request's total budget.
+                    timeout = min(self.timeouts.between_tokens,
+                                  max(arrival + self.timeouts.total - last_at, 0.0))
+                    if out:
+                        yield out
+            except aiohttp.ClientError:
+                if not deadline.expired:
+                    raise
+            if deadline.expired:
+                raise TimeoutError
             if not reader.finished:
                 raise UpstreamUnavailable(f"replica {placement.replica.name} ended the stream "
                                           f"before it was complete")
@@ -219,6 +226,7 @@ class Relay:
                 f"replica {placement.replica.name} stream broke: {type(exc).__name__}")
             yield error.sse_event(api)
         finally:
+            deadline.cancel()
             lease.close()
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
@@ -227,6 +235,43 @@ class Relay:
                 response.release()  # back to the keep-alive pool
             else:
                 response.close()  # cut: the engine sees the disconnect and aborts
+
+
+class _Deadline:
+    """One timer per stream: an upstream silent past the deadline is closed (then reported).
+
+    Cheaper than an ``asyncio.timeout`` per chunk: moving the deadline is a float store, and
+    the timer is only re-armed when it fires before the deadline it finds, or when the
+    deadline moves earlier (once: from the first-token to the between-tokens timeout).
+    """
+
+    __slots__ = ("at", "expired", "_loop", "_response", "_handle")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._response = response
+        self._handle: asyncio.TimerHandle | None = None
+        self.at = 0.0
+        self.expired = False
+
+    def set(self, seconds: float) -> None:
+        self.at = self._loop.time() + seconds
+        if self._handle is None or self.at < self._handle.when():  # moved earlier: re-arm
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(self.at, self._fire)
+
+    def _fire(self) -> None:
+        if self._loop.time() < self.at:
+            self._handle = self._loop.call_at(self.at, self._fire)
+        else:
+            self.expired = True
+            self._response.content.set_exception(TimeoutError())  # wakes the pending read
+            self._response.close()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
 
 
 class _EventReader:
@@ -248,23 +293,27 @@ class _EventReader:
 
     def feed(self, chunk: bytes) -> tuple[bytes, int]:
         """Returns the bytes to forward now and how many token events they hold."""
-        data = self.pending + chunk if self.pending else chunk
-        cut = data.rfind(b"\n\n")
-        if cut < 0:
-            self.pending = data
-            return b"", 0
-        cut += 2
-        out, self.pending = data[:cut], data[cut:]
+        if not self.pending and chunk.endswith(b"\n\n"):  # the usual case: whole events
+            out = chunk
+        else:
+            data = self.pending + chunk
+            cut = data.rfind(b"\n\n")
+            if cut < 0:
+                self.pending = data
+                return b"", 0
+            cut += 2
+            out, self.pending = data[:cut], data[cut:]
         events = out.count(b"data:")
         if self.api is Api.OPENAI:
             if b"[DONE]" in out:
                 self.finished = True
                 events -= 1
-            if b'"usage":{' in out or b'"usage": {' in out:
+            if b'"usage"' in out and (b'"usage":{' in out or b'"usage": {' in out):
                 out, events = self._read_usage(out, events)
-        elif b'"details":{' in out or b'"details": {' in out or b'"generated_text":"' in out:
+        elif b'"generated_text":"' in out or (b'"details"' in out and (
+                b'"details":{' in out or b'"details": {' in out)):
             self._read_tgi_final(out)
-        if b'data: {"error":' in out or b'data:{"error":' in out:
+        if b'"error"' in out and (b'data: {"error":' in out or b'data:{"error":' in out):
             self.finished = True  # the engine's own error event ends the stream
         self.token_events += max(events, 0)
         return out, events
