@@ -145,10 +145,10 @@ class ModelTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def text_upper_bound(self, text: str, add_special_tokens: bool = True) -> int:
-        """A cheap bound >= count_text(text): every token covers at least one byte."""
-        extra = self.added_by_post_processor if add_special_tokens else 0
-        return len(text.encode("utf-8")) + extra + 1
+    def special_token_slack(self, add_special_tokens: bool = True) -> int:
+        """Tokens beyond one per byte: those the post-processor adds, plus one for a prefix
+        space a metaspace pre-tokenizer may add."""
+        return (self.added_by_post_processor if add_special_tokens else 0) + 1
 
     # --- chat ---
 

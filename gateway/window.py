@@ -41,10 +41,14 @@ class _Prompt:
     add_special_tokens: bool = True
     ids: list[int] | None = None
 
+    def byte_length(self) -> int:
+        return len((self.text or "").encode("utf-8"))
+
     def upper_bound(self, tokenizer: ModelTokenizer) -> int:
+        """>= the exact count: a token covers at least one byte (see tokens.py)."""
         if self.ids is not None:
             return len(self.ids)
-        return tokenizer.text_upper_bound(self.text or "", self.add_special_tokens)
+        return self.byte_length() + tokenizer.special_token_slack(self.add_special_tokens)
 
     def count(self, tokenizer: ModelTokenizer) -> int:
         if self.ids is not None:
@@ -54,7 +58,7 @@ class _Prompt:
     def estimate(self) -> int:
         if self.ids is not None:
             return len(self.ids)
-        return -(-len((self.text or "").encode("utf-8")) // ESTIMATED_BYTES_PER_TOKEN)
+        return -(-self.byte_length() // ESTIMATED_BYTES_PER_TOKEN)
 
 
 def _prompts(request: GenerationRequest, tokenizer: ModelTokenizer | None) -> list[_Prompt]:
