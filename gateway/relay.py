@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -44,7 +44,6 @@ class Reply:
     headers: list[tuple[bytes, bytes]]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
-    usage: Usage = field(default_factory=Usage)
 
 
 def upstream_body(request: GenerationRequest) -> bytes:
@@ -152,7 +151,7 @@ class Relay:
         if usage.prompt_tokens is None and prompt.isdigit():
             usage.prompt_tokens = int(prompt)
         self._account(meter, usage, arrival, None, None, status=response.status)
-        return Reply(response.status, headers, body=body, usage=usage)
+        return Reply(response.status, headers, body=body)
 
     def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
                  first_at: float | None, last_at: float | None, status: int) -> None:

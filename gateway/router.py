@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from gateway.balance.ledger import Lease, LoadLedger
-from gateway.balance.policy import Policy, RequestCost
+from gateway.balance.policy import Policy
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, ApiNotServed, ModelNotFound, NoReplicaAvailable
@@ -21,8 +21,6 @@ class Placement:
     model: ServedModel
     replica: Replica
     lease: Lease
-    cost: RequestCost
-    prompt_tokens_exact: bool
 
 
 class Router:
@@ -63,7 +61,7 @@ class Router:
         replica = self.policy.select(candidates, admission.cost, self.ledger)
         lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens,
                                   admission.cost.output_tokens)
-        return Placement(model, replica, lease, admission.cost, admission.prompt_tokens_exact)
+        return Placement(model, replica, lease)
 
     def _pick_pool(self, pools: list[Pool], eligible: set[int]) -> Pool | None:
         """A pool with an eligible replica, drawn by weight (canary splits)."""

@@ -134,12 +134,11 @@ class GenerationEndpoint:
             except GatewayError as error:
                 await send_error(send, error, self.api, request_id)
                 return
-            await send({"type": "http.response.start", "status": reply.status,
-                        "headers": reply.headers if reply.stream else
-                        [*reply.headers, (b"content-length", str(len(reply.body)).encode())]})
             if reply.stream is None:
-                await send({"type": "http.response.body", "body": reply.body})
+                await send_body(send, reply.status, reply.body, reply.headers)
                 return
+            await send({"type": "http.response.start", "status": reply.status,
+                        "headers": reply.headers})
             try:
                 async for chunk in reply.stream:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
