@@ -52,10 +52,10 @@ class Router:
             raise ApiNotServed(f"model `{model.name}` is served only by {', '.join(engines)} "
                                f"replicas, which do not speak the {request.api.value} API")
         admission = admit(model, request, speakers)
-        eligible = {id(r) for r in admission.replicas if r.healthy}
+        eligible = {id(r) for r in admission.replicas if r.available}
         pool = self._pick_pool(model.pools, eligible)
         if pool is None:
-            raise NoReplicaAvailable(f"no healthy replica of model `{model.name}` can take "
+            raise NoReplicaAvailable(f"no available replica of model `{model.name}` can take "
                                      f"this request now")
         candidates = [r for r in pool.replicas if id(r) in eligible]
         replica = self.policy.select(candidates, admission.cost, self.ledger)

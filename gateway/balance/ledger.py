@@ -26,6 +26,11 @@ class LoadLedger(ABC):
     def load(self, replica: str) -> ReplicaLoad:
         """Current load of one replica (a view; do not mutate)."""
 
+    def own_load(self, replica: str) -> ReplicaLoad:
+        """The part of ``load`` this process itself put there (exact; what per-worker
+        metrics sum). Equal to ``load`` unless the ledger is shared."""
+        return self.load(replica)
+
     @abstractmethod
     def _adjust(self, replica: str, tokens: int, requests: int) -> None:
         """Apply a delta. Only leases call this."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from gateway.protocol.errors import Api
@@ -28,7 +29,10 @@ class Replica:
     pool: str
     max_model_len: int | None = None  # configured, else discovered from the engine
     max_input_tokens: int | None = None  # TGI's separate prompt limit, when it reports one
-    healthy: bool = True
+    healthy: bool = True  # active health probes pass
+    ejected_until: float = 0.0  # wall-clock time (shareable across instances); outlier ejection
+    draining: bool = False  # admin: finish in-flight work, take nothing new
+    max_concurrent_requests: int | None = None  # the engine's own in-flight limit, if it reports one
     apis: frozenset[Api] = field(default=frozenset())
 
     def __post_init__(self) -> None:
@@ -37,3 +41,26 @@ class Replica:
 
     def speaks(self, api: Api) -> bool:
         return api in self.apis
+
+    @property
+    def ejected(self) -> bool:
+        return self.ejected_until > time.time()
+
+    @property
+    def available(self) -> bool:
+        """May take new requests: healthy, not ejected, not draining."""
+        return self.healthy and not self.draining and not self.ejected
+
+    @property
+    def state(self) -> str:
+        """One of REPLICA_STATES (the most severe that applies)."""
+        if self.draining:
+            return "draining"
+        if not self.healthy:
+            return "unhealthy"
+        if self.ejected:
+            return "ejected"
+        return "healthy"
+
+
+REPLICA_STATES = ("healthy", "unhealthy", "ejected", "draining")
