@@ -6,26 +6,34 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import threading
+from types import FrameType
 from typing import AsyncIterator
 
 import aiohttp
 from fastapi import FastAPI
 from starlette.routing import Route
 
-from gateway.api import ops, openai_models, tgi_info
+from gateway.api import admin, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
 from gateway.config import Settings, load_settings
 from gateway.fleet.discovery import discover_window
+from gateway.fleet.engine_signals import SignalScraper
 from gateway.fleet.health import HealthChecker
+from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
 from gateway.relay import Relay
+from gateway.retry_budget import RetryBudget
 from gateway.router import Router
+from gateway.shared.sync import SharedStateSync
 
 log = logging.getLogger("gateway")
 
@@ -39,37 +47,102 @@ class Gateway:
         self.settings = settings
         self.models = build_models(settings)
         self.replicas = [r for m in self.models.values() for r in m.replicas]
-        self.ledger = ledger or InProcessLedger()
-        self.router = Router(self.models, settings.default_model, make_policy(settings.balancer),
-                             self.ledger)
-        self.metrics = GatewayMetrics()
+        # redis_url: balance on the fleet-wide load, synced in the background (gateway/shared).
+        self.shared = (SharedStateSync.from_settings(settings, self.replicas)
+                       if settings.redis_url and ledger is None else None)
+        self.ledger = ledger or (self.shared.ledger if self.shared else InProcessLedger())
+        self.router = Router(self.models, settings.default_model,
+                             make_policy(settings.balancer, settings.scheduling),
+                             self.ledger, settings.backpressure)
+        self.metrics = make_metrics(settings.metrics)
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger)
+        self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
+        self.retry_budget = RetryBudget(settings.retries.budget_ratio,
+                                        settings.retries.min_retries_per_second)
         self.draining = False
+        self.active_requests = 0  # generation requests inside the gateway now
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         # aiohttp on the data path: measured ~10x less CPU per request than httpx, whose
         # connection-pool bookkeeping dominated the gateway's profile.
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60,
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.settings.upstream_keepalive,
                                            limit_per_host=self.settings.max_connections_per_replica),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
-        self.relay = Relay(self.session, self.settings.timeouts, self.metrics)
+        self.relay = Relay(self.session, self.settings.timeouts, self.metrics, self.outlier)
         self.health = HealthChecker(self.replicas, self.session, self.settings.health)
         await asyncio.gather(*(discover_window(self.session, r, self.settings.health.timeout)
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
+        scheduling = self.settings.scheduling
+        self.signals = SignalScraper(lambda: self.replicas, self.session,
+                                     lambda name: self.ledger.load(name).in_flight,
+                                     scheduling.signals_interval, scheduling.signals_timeout)
+        self._tasks.append(asyncio.create_task(self.signals.run(), name="engine-signals"))
+        if self.shared is not None:
+            await self.shared.start(self.metrics)
+            self._tasks.append(asyncio.create_task(self.shared.run(), name="shared-state"))
+        if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
+            self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),
+                                                   name="metrics-publish"))
         for replica in self.replicas:
             log.info("replica %s (%s, pool %s, model %s): window %s, %s", replica.name,
                      replica.engine, replica.pool, replica.model, replica.max_model_len,
                      "healthy" if replica.healthy else "UNHEALTHY")
 
+    async def add_replica(self, model: str, pool: str, url: str, engine: str,
+                          name: str | None = None, max_model_len: int | None = None) -> Replica:
+        """Put a new replica into rotation (admin API): probed and discovered first."""
+        served = self.models[model]
+        target = next((p for p in served.pools if p.name == pool), None)
+        if target is None:
+            raise KeyError(f"model {model!r} has no pool {pool!r}")
+        replica = Replica(name=name or url.split("://", 1)[-1].rstrip("/"), url=url,
+                          engine=engine, model=model, pool=pool, max_model_len=max_model_len)
+        if any(r.name == replica.name for r in self.replicas):
+            raise ValueError(f"replica {replica.name!r} exists already")
+        await discover_window(self.session, replica, self.settings.health.timeout)
+        replica.healthy = await self.health.check(replica)
+        target.replicas.append(replica)
+        self.replicas.append(replica)
+        return replica
+
+    def remove_replica(self, name: str) -> Replica:
+        """Take a replica out of rotation; its in-flight requests finish where they are."""
+        replica = self.replica(name)
+        replica.draining = True
+        for pool in self.models[replica.model].pools:
+            if replica in pool.replicas:
+                pool.replicas.remove(replica)
+        self.replicas.remove(replica)
+        self.outlier.forget(replica)
+        return replica
+
+    def replica(self, name: str) -> Replica:
+        for replica in self.replicas:
+            if replica.name == name:
+                return replica
+        raise KeyError(name)
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests and wait (up to ``timeout``) for in-flight ones to finish;
+        returns how many were still running at the deadline."""
+        self.draining = True
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.active_requests and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return self.active_requests
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.close()
         await self.session.close()
+        self.metrics.close()
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -78,6 +151,7 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        _drain_on_sigterm(gateway)
         try:
             yield
         finally:
@@ -99,7 +173,38 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_models.router)
     app.include_router(tgi_info.router)
     app.include_router(ops.router)
+    app.include_router(admin.router)
     return app
+
+
+def _drain_on_sigterm(gateway: Gateway) -> None:
+    """SIGTERM drains before the server stops: /ready turns 503 and new requests are refused
+    at once, in-flight streams get ``drain_timeout`` to finish, then the server's own exit
+    runs. A second SIGTERM (or SIGINT) exits at once.
+
+    Wraps the handler uvicorn installed for its serve() (restored by uvicorn when it exits),
+    so it works the same in one process and in each ``--workers`` process.
+    """
+    server_exit = signal.getsignal(signal.SIGTERM)
+    if not callable(server_exit) or threading.current_thread() is not threading.main_thread():
+        return  # not under a server that handles signals (e.g. tests calling the app)
+    loop = asyncio.get_running_loop()
+
+    async def drain_then_exit(sig: int) -> None:
+        left = await gateway.drain(gateway.settings.drain_timeout)
+        if left:
+            log.warning("drain timeout: %d requests still in flight are cut", left)
+        server_exit(sig, None)
+
+    def on_sigterm(sig: int, frame: FrameType | None) -> None:
+        if gateway.draining:
+            server_exit(sig, frame)
+            return
+        log.warning("SIGTERM: draining (up to %gs) before exit", gateway.settings.drain_timeout)
+        gateway.draining = True
+        loop.call_soon_threadsafe(lambda: loop.create_task(drain_then_exit(sig)))
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def create_app_from_env() -> FastAPI:

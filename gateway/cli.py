@@ -1,4 +1,4 @@
-"""The ``llm-gateway`` command: serve | demo | sim.
+"""The ``llm-gateway`` command: serve | demo | sim | bench.
 
 Each subcommand's module owns its arguments (``add_arguments(parser)``) and its work
 (``run(args)``); this file only wires them together, importing lazily so ``--help`` is fast.
@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "serve": ("gateway.serve", "run the gateway from a config file"),
     "demo": ("gateway.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
+    "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
 }
 
 

@@ -90,19 +90,86 @@ class HealthConfig(_Strict):
     healthy_after: int = Field(1, ge=1, description="consecutive passed probes")
 
 
+class OutlierConfig(_Strict):
+    """Passive outlier ejection: a replica failing requests in a row sits out, for longer
+    each time it is ejected again (base * 2^n, capped)."""
+
+    consecutive_failures: int = Field(3, ge=1, description="connect errors, 5xx, timeouts")
+    base_ejection: float = Field(5.0, gt=0, description="seconds out on the first ejection")
+    max_ejection: float = Field(120.0, gt=0)
+    max_ejected_percent: float = Field(50.0, ge=0, le=100,
+                                       description="never eject more of a model's replicas")
+
+
+class RetryConfig(_Strict):
+    """Retry on another replica when nothing reached the client yet; a budget (Finagle/Envoy
+    style) caps retries at a share of recent requests so they cannot multiply an outage."""
+
+    max_attempts: int = Field(3, ge=1, description="attempts per request, the first included")
+    budget_ratio: float = Field(0.2, ge=0, description="retries per request, over 10 s")
+    min_retries_per_second: float = Field(5.0, ge=0, description="always allowed")
+
+
+class BackpressureConfig(_Strict):
+    """Per-replica in-flight limits and the bounded queue in front of them."""
+
+    max_in_flight_per_replica: int | None = Field(
+        None, ge=1, description="also taken from the engine where it reports one (TGI)")
+    queue_size: int = Field(1024, ge=0, description="requests waiting for a slot, per model")
+    queue_timeout: float = Field(30.0, gt=0, description="seconds a request may wait")
+
+
+class SchedulingConfig(_Strict):
+    """Weights of the default balancer, least_expected_work (README "Scheduling"). Scores
+    are in output-token equivalents; every default works without tuning."""
+
+    prefill_weight: float = Field(1.0, ge=0, description="one prompt token to prefill, in "
+                                  "output tokens (what the score charges per uncached token)")
+    prefix_weight: float = Field(1.0, ge=0, le=1, description="share of a cached prefix's "
+                                 "prefill counted as saved; 0 = no prefix affinity")
+    prefix_cache_tokens: int = Field(65536, ge=1, description="per replica: prompt tokens of "
+                                     "recent prefixes remembered (at most the engine's cache)")
+    session_tokens: float = Field(1024.0, ge=0, description="head start of a session's last "
+                                  "replica; 0 = no stickiness")
+    signals_weight: float = Field(1.0, ge=0, description="engine load signals; 0 = ignore")
+    kv_pressure_from: float = Field(0.9, ge=0, lt=1, description="KV use above which a "
+                                    "replica looks up to twice as busy")
+    signals_interval: float = Field(1.0, gt=0, description="seconds between /metrics scrapes")
+    signals_timeout: float = Field(0.5, gt=0, description="seconds per scrape")
+    signals_max_age: float = Field(3.0, gt=0, description="scrape intervals after which "
+                                   "signals are stale and ignored")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__",
                                       extra="forbid")
 
     models: list[ModelConfig] = Field(min_length=1)
     default_model: str | None = None
-    balancer: str = "least_outstanding_tokens"
+    balancer: str = "least_expected_work"
+    scheduling: SchedulingConfig = SchedulingConfig()
     redis_url: str | None = None
+    # Shared state (with redis_url; README "Several instances"): every key under the prefix.
+    redis_key_prefix: str = Field("llm-gateway:", min_length=1)
+    redis_sync_interval: float = Field(0.1, gt=0, le=10, description="seconds between syncs; "
+                                       "a peer's load is seen here within about 2 intervals")
+    redis_peer_ttl: float = Field(1.0, gt=0, le=60, description="seconds after which a silent "
+                                  "instance (crashed, or Redis down) stops counting")
+    redis_timeout: float = Field(0.5, gt=0, le=10, description="seconds one sync may take")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
     max_connections_per_replica: int = Field(1024, ge=1)
+    upstream_keepalive: float = Field(60.0, gt=0, description="seconds an idle upstream "
+                                      "connection stays open")
+    outlier: OutlierConfig = OutlierConfig()
+    retries: RetryConfig = RetryConfig()
+    backpressure: BackpressureConfig = BackpressureConfig()
+    drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish streams")
+    client_body_timeout: float = Field(30.0, gt=0, description="seconds to receive a body")
+    admin_token: str | None = Field(None, description="bearer token of /admin; unset = off")
+    metrics: bool = Field(True, description="false: no Prometheus metrics (/metrics is empty)")
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -114,6 +181,13 @@ class Settings(BaseSettings):
         from gateway.balance.policy import POLICIES
         if self.balancer not in POLICIES:
             raise ValueError(f"balancer {self.balancer!r} is not one of {sorted(POLICIES)}")
+        return self
+
+    @model_validator(mode="after")
+    def _redis_timing(self) -> "Settings":
+        if self.redis_peer_ttl < 3 * self.redis_sync_interval:
+            raise ValueError("redis_peer_ttl must be at least 3 x redis_sync_interval, or live "
+                             "instances would flicker in and out of each other's view")
         return self
 
     @classmethod

@@ -1,23 +1,38 @@
 """Every Prometheus metric the gateway exports, in one place (prefix ``llm_gateway_``).
 
 Label values come only from configuration (model, pool, replica, engine), the API and fixed
-sets (status class, reasons, error kinds), never from client input, so a client cannot grow
-the series count. Per-replica gauges are read from the ledger and fleet at scrape time, so
-they cost nothing on the request path; the hot path uses label children bound once.
+sets (status class, reasons, error kinds, replica states), never from client input, so a
+client cannot grow the series count. The hot path uses label children bound once.
+
+Per-replica gauges (load and state) are read from the ledger and the fleet, not updated per
+request. One process: read at scrape time. Many worker processes (``--workers N``):
+prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) sums counters and
+histograms over the workers' files; each worker publishes its own share of each replica's
+load (``livesum``: summed over live workers) and its view of the replica's state
+(``livemostrecent``) every ``PUBLISH_INTERVAL`` seconds and at each scrape it serves.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.balance.ledger import LoadLedger
-from gateway.fleet.replica import Replica
+from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PUBLISH_INTERVAL = 1.0  # seconds; how stale a per-replica gauge may be under --workers N
 
 # Request latencies: 1 ms .. 10 min. Inter-token: 1 ms .. 5 s.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
@@ -32,6 +47,7 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
 
 REPLICA_LABELS = ("model", "pool", "replica", "engine", "api")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
+RETRY_KINDS = ("connect", "timeout", "http_429", "http_5xx")
 
 
 def status_class(status: int) -> str:
@@ -52,9 +68,74 @@ class RequestMetrics:
     requests: dict[str, object]
 
 
+# --- per-replica gauges: (name, help, extra label, multiprocess mode) ---
+
+@dataclass(frozen=True, slots=True)
+class _GaugeSpec:
+    name: str
+    help: str
+    multiprocess_mode: str
+    extra_label: str | None = None
+
+
+OUTSTANDING = _GaugeSpec("llm_gateway_replica_outstanding_tokens",
+                         "Prompt tokens not yet prefilled + output tokens still expected, over "
+                         "this gateway's in-flight requests on the replica.", "livesum")
+IN_FLIGHT = _GaugeSpec("llm_gateway_replica_in_flight_requests",
+                       "This gateway's requests in flight on the replica.", "livesum")
+HEALTHY = _GaugeSpec("llm_gateway_replica_healthy",
+                     "1 if the replica passes its health checks.", "livemostrecent")
+STATE = _GaugeSpec("llm_gateway_replica_state",
+                   "1 for the replica's current state (healthy, unhealthy, ejected, draining), "
+                   "0 for the others.", "livemostrecent", extra_label="state")
+WINDOW = _GaugeSpec("llm_gateway_replica_max_model_len",
+                    "Context window of the replica (configured or discovered).", "livemax")
+REPLICA_GAUGES = (OUTSTANDING, IN_FLIGHT, HEALTHY, STATE, WINDOW)
+REPLICA_GAUGE_LABELS = ("model", "pool", "replica", "engine")
+
+Sample = tuple[_GaugeSpec, tuple[str, ...], float]
+
+
+def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger) -> Iterator[Sample]:
+    """Every per-replica gauge value. Load is this process's own share (``own_load``): a
+    shared ledger's ``load`` includes other gateways, which would be counted twice."""
+    for replica in replicas:
+        labels = (replica.model, replica.pool, replica.name, replica.engine)
+        load = ledger.own_load(replica.name)
+        yield OUTSTANDING, labels, load.outstanding_tokens
+        yield IN_FLIGHT, labels, load.in_flight
+        yield HEALTHY, labels, 1.0 if replica.healthy else 0.0
+        current = replica.state
+        for state in REPLICA_STATES:
+            yield STATE, (*labels, state), 1.0 if state == current else 0.0
+        if replica.max_model_len is not None:
+            yield WINDOW, labels, replica.max_model_len
+
+
+def multiprocess_mode() -> bool:
+    """prometheus_client picks its value store at import from this variable."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def prepare_multiprocess_dir() -> Callable[[], None]:
+    """Point worker processes at an empty multiprocess directory (``PROMETHEUS_MULTIPROC_DIR``
+    if set, else a new temporary one): files left by an earlier run would be summed in.
+    Returns the cleanup to run when the workers are gone."""
+    given = os.environ.get(MULTIPROC_ENV)
+    path = Path(given or tempfile.mkdtemp(prefix="llm-gateway-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    if given:
+        return lambda: None
+    return lambda: shutil.rmtree(path, ignore_errors=True)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.multiprocess = multiprocess_mode()
         r = self.registry
         self.ttft = Histogram("llm_gateway_time_to_first_token_seconds",
                               "Request arrival at the gateway to first token sent to the client.",
@@ -72,12 +153,16 @@ class GatewayMetrics:
         self.overhead = Histogram("llm_gateway_added_latency_seconds",
                                   "Time the gateway adds: request arrival to upstream request sent.",
                                   REPLICA_LABELS, buckets=OVERHEAD_BUCKETS, registry=r)
+        self.queue_time = Histogram("llm_gateway_queue_time_seconds",
+                                    "Time a request waited in the gateway's queue for a free "
+                                    "replica slot.", ("model", "api"), buckets=LATENCY_BUCKETS,
+                                    registry=r)
         self.prompt_tokens = Counter("llm_gateway_prompt_tokens",
                                      "Prompt tokens of served requests (engine usage).",
                                      REPLICA_LABELS, registry=r)
         self.generation_tokens = Counter("llm_gateway_generation_tokens",
-                                         "Generated tokens sent to clients (engine usage).",
-                                         REPLICA_LABELS, registry=r)
+                                         "Generated tokens sent to clients (engine usage, else "
+                                         "streamed tokens counted).", REPLICA_LABELS, registry=r)
         self.requests = Counter("llm_gateway_requests",
                                 "Requests forwarded to a replica, by final status class.",
                                 (*REPLICA_LABELS, "status"), registry=r)
@@ -87,7 +172,19 @@ class GatewayMetrics:
         self.upstream_errors = Counter("llm_gateway_upstream_errors",
                                        "Failures talking to a replica, by kind.",
                                        ("model", "pool", "replica", "engine", "kind"), registry=r)
+        self.retries = Counter("llm_gateway_retries",
+                               "Requests sent again to another replica, by the failed replica "
+                               "and the kind of failure.",
+                               ("model", "pool", "replica", "engine", "kind"), registry=r)
         self._bound: dict[tuple[str, Api], RequestMetrics] = {}
+        self._queued: dict[tuple[str, Api], object] = {}
+        self._replica_source: Callable[[], Iterable[Sample]] | None = None
+        self._gauges: dict[str, Gauge] = {}
+        if self.multiprocess:
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed)
+        else:
+            self._exposed = self.registry
 
     def for_replica(self, replica: Replica, api: Api) -> RequestMetrics:
         bound = self._bound.get((replica.name, api))
@@ -110,34 +207,149 @@ class GatewayMetrics:
         self.upstream_errors.labels(replica.model, replica.pool, replica.name, replica.engine,
                                     kind).inc()
 
+    def retry(self, replica: Replica, kind: str) -> None:
+        """A request failed on ``replica`` (kind in RETRY_KINDS) and is sent again elsewhere."""
+        self.retries.labels(replica.model, replica.pool, replica.name, replica.engine,
+                            kind).inc()
+
+    def queued(self, model: str, api: Api, seconds: float) -> None:
+        """A request waited ``seconds`` in the gateway's queue for a free replica slot."""
+        child = self._queued.get((model, api))
+        if child is None:
+            child = self._queued[(model, api)] = self.queue_time.labels(model, api.value)
+        child.observe(seconds)
+
     def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger) -> None:
-        """Export per-replica load and state, read at scrape time."""
-        self.registry.register(_ReplicaStateCollector(replicas, ledger))
+        """Export per-replica load and state: read at scrape time (one process) or published
+        to the workers' shared files (multiprocess mode)."""
+        self._replica_source = lambda: replica_samples(replicas(), ledger)
+        if self.multiprocess:
+            self._gauges = {spec.name: Gauge(spec.name, spec.help,
+                                             REPLICA_GAUGE_LABELS + ((spec.extra_label,)
+                                                                     if spec.extra_label else ()),
+                                             multiprocess_mode=spec.multiprocess_mode,
+                                             registry=self.registry)
+                            for spec in REPLICA_GAUGES}
+        else:
+            self.registry.register(_ReplicaGaugeCollector(self._replica_source))
+
+    def publish_replica_gauges(self) -> None:
+        """Multiprocess mode: write this worker's per-replica values to its files."""
+        if self._replica_source is None or not self._gauges:
+            return
+        for spec, labels, value in self._replica_source():
+            self._gauges[spec.name].labels(*labels).set(value)
+
+    async def publish_forever(self, interval: float = PUBLISH_INTERVAL) -> None:
+        """Multiprocess mode: keep this worker's per-replica gauges fresh between scrapes."""
+        while True:
+            self.publish_replica_gauges()
+            await asyncio.sleep(interval)
+
+    def exposition(self) -> bytes:
+        """The text of one scrape: this process's metrics, or all workers' in multiprocess mode."""
+        if self.multiprocess:
+            self.publish_replica_gauges()
+        return generate_latest(self._exposed)
+
+    def close(self) -> None:
+        """Multiprocess mode: this worker is stopping; its live gauges leave the sums."""
+        if self.multiprocess:
+            multiprocess.mark_process_dead(os.getpid())
 
 
-class _ReplicaStateCollector(Collector):
-    def __init__(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger) -> None:
-        self.replicas = replicas
-        self.ledger = ledger
+class _Null:
+    """Stands in for a metric child when metrics are off."""
+
+    __slots__ = ()
+
+    def observe(self, value: float) -> None:
+        pass
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+_NULL = _Null()
+
+
+class NullMetrics(GatewayMetrics):
+    """Metrics off (``metrics: false``): the same calls, doing nothing; /metrics is empty."""
+
+    def __init__(self) -> None:
+        self.multiprocess = False
+        self._null = RequestMetrics(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
+                                    {c: _NULL for c in STATUS_CLASSES})
+
+    def for_replica(self, replica: Replica, api: Api) -> RequestMetrics:
+        return self._null
+
+    def reject(self, model: str, api: Api, reason: str) -> None:
+        pass
+
+    def upstream_error(self, replica: Replica, kind: str) -> None:
+        pass
+
+    def retry(self, replica: Replica, kind: str) -> None:
+        pass
+
+    def queued(self, model: str, api: Api, seconds: float) -> None:
+        pass
+
+    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger) -> None:
+        pass
+
+    def publish_replica_gauges(self) -> None:
+        pass
+
+    def exposition(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+def make_metrics(enabled: bool = True) -> GatewayMetrics:
+    return GatewayMetrics() if enabled else NullMetrics()
+
+
+class _ReplicaGaugeCollector(Collector):
+    """One process: per-replica gauges computed at scrape time (nothing on the request path)."""
+
+    def __init__(self, samples: Callable[[], Iterable[Sample]]) -> None:
+        self.samples = samples
 
     def collect(self) -> Iterable[Metric]:
-        labels = ["model", "pool", "replica", "engine"]
-        outstanding = GaugeMetricFamily("llm_gateway_replica_outstanding_tokens",
-                                        "Prompt tokens not yet prefilled + output tokens still "
-                                        "expected, over in-flight requests.", labels=labels)
-        in_flight = GaugeMetricFamily("llm_gateway_replica_in_flight_requests",
-                                      "Requests in flight on the replica.", labels=labels)
-        healthy = GaugeMetricFamily("llm_gateway_replica_healthy",
-                                    "1 if the replica passes its health checks.", labels=labels)
-        window = GaugeMetricFamily("llm_gateway_replica_max_model_len",
-                                   "Context window of the replica (configured or discovered).",
-                                   labels=labels)
-        for replica in self.replicas():
-            values = [replica.model, replica.pool, replica.name, replica.engine]
-            load = self.ledger.load(replica.name)
-            outstanding.add_metric(values, load.outstanding_tokens)
-            in_flight.add_metric(values, load.in_flight)
-            healthy.add_metric(values, 1.0 if replica.healthy else 0.0)
-            if replica.max_model_len is not None:
-                window.add_metric(values, replica.max_model_len)
-        return [outstanding, in_flight, healthy, window]
+        families = {spec.name: GaugeMetricFamily(
+            spec.name, spec.help,
+            labels=[*REPLICA_GAUGE_LABELS, *((spec.extra_label,) if spec.extra_label else ())])
+            for spec in REPLICA_GAUGES}
+        for spec, labels, value in self.samples():
+            families[spec.name].add_metric(list(labels), value)
+        return list(families.values())
+
+
+class SharedStateMetrics:
+    """The state shared through Redis (``redis_url`` set): is it in sync, and what this
+    instance's balancer sees. Set by the sync task once per round, never per request."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge("llm_gateway_shared_state_up",
+                        "1 while this instance syncs load and replica state with Redis; 0 while "
+                        "it balances on its own load only (fail-open).",
+                        multiprocess_mode="livemin", registry=registry)
+        self.sync_failures = Counter("llm_gateway_shared_state_sync_failures",
+                                     "Sync rounds with Redis that failed or timed out.",
+                                     registry=registry)
+        self.peers = Gauge("llm_gateway_shared_state_peers",
+                           "Other live gateway instances whose load this instance counts.",
+                           multiprocess_mode="livemax", registry=registry)
+        self.view_outstanding = Gauge(
+            "llm_gateway_shared_view_outstanding_tokens",
+            "Fleet-wide outstanding tokens of the replica as this instance's balancer sees them "
+            "(own exact + peers' last sync). A view: do not sum over instances.", ("replica",),
+            multiprocess_mode="livemostrecent", registry=registry)
+        self.view_in_flight = Gauge(
+            "llm_gateway_shared_view_in_flight_requests",
+            "Fleet-wide in-flight requests of the replica as this instance's balancer sees them.",
+            ("replica",), multiprocess_mode="livemostrecent", registry=registry)

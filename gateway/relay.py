@@ -18,6 +18,8 @@ import aiohttp
 import orjson
 
 from gateway.config import TimeoutsConfig
+from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.replica import Replica
 from gateway.metrics import GatewayMetrics, RequestMetrics, status_class
 from gateway.protocol.errors import (Api, GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)
@@ -38,11 +40,16 @@ class Usage:
 
 @dataclass(slots=True)
 class Reply:
-    """What goes back to the client: a whole body, or a stream of SSE bytes."""
+    """What goes back to the client: a whole body, or a stream of SSE bytes.
+
+    A stream's first bytes (its first token) are read before the reply is returned, so a
+    replica that fails before producing anything can still be retried elsewhere.
+    """
 
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes = b""
+    first: bytes = b""
     stream: AsyncIterator[bytes] | None = None
 
 
@@ -74,16 +81,18 @@ def _usage_from_json(payload: Any, api: Api) -> Usage:
 
 class Relay:
     def __init__(self, session: aiohttp.ClientSession, timeouts: TimeoutsConfig,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, outlier: OutlierDetector | None = None) -> None:
         self.session = session
         self.timeouts = timeouts
         self.metrics = metrics
+        self.outlier = outlier
         self._connect_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
                                                       sock_connect=timeouts.connect)
 
     async def forward(self, request: GenerationRequest, placement: Placement, arrival: float,
                       request_id: str) -> Reply:
-        """Send to the replica. Raises GatewayError (lease released) if no answer can stream."""
+        """Send to the replica. Raises GatewayError (lease released) if nothing can be sent
+        to the client; its ``retry_kind`` is set when another replica may be tried."""
         replica = placement.replica
         meter = self.metrics.for_replica(replica, request.api)
         body = upstream_body(request)
@@ -102,15 +111,25 @@ class Relay:
                         content = await response.read()
             except TimeoutError:
                 self.metrics.upstream_error(replica, "timeout")
+                self._failed(replica)
                 raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
             except aiohttp.ClientError as exc:
                 kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "transport"
                 self.metrics.upstream_error(replica, kind)
-                raise UpstreamUnavailable(f"replica {replica.name} failed: "
-                                          f"{type(exc).__name__}: {exc}") from None
+                self._failed(replica)
+                error = UpstreamUnavailable(f"replica {replica.name} failed: "
+                                            f"{type(exc).__name__}: {exc}")
+                error.retry_kind = kind
+                raise error from None
             if response.status >= 400:
                 self.metrics.upstream_error(replica, f"http_{status_class(response.status)}")
-                raise error_from_engine(response.status, content)
+                error = error_from_engine(response.status, content)
+                if response.status == 429:
+                    error.retry_kind = "http_429"  # busy, not broken: no outlier failure
+                elif response.status >= 500:
+                    error.retry_kind = "http_5xx"
+                    self._failed(replica)
+                raise error
         except BaseException as exc:  # including the client leaving (CancelledError)
             placement.lease.close()
             if response is not None:
@@ -122,8 +141,17 @@ class Relay:
         if not request.stream:
             return self._complete(request, placement, meter, response, content, reply_headers,
                                   arrival)
-        return Reply(response.status, reply_headers,
-                     stream=self._stream(request, placement, meter, response, arrival))
+        stream = self._stream(request, placement, meter, response, arrival)
+        first = await stream.__anext__()  # raises (retryable) if the replica fails first
+        return Reply(response.status, reply_headers, first=first, stream=stream)
+
+    def _failed(self, replica: Replica) -> None:
+        if self.outlier is not None:
+            self.outlier.failure(replica)
+
+    def _succeeded(self, replica: Replica) -> None:
+        if self.outlier is not None:
+            self.outlier.success(replica)
 
     @staticmethod
     def _headers(response: aiohttp.ClientResponse, placement: Placement,
@@ -139,6 +167,7 @@ class Relay:
                   response: aiohttp.ClientResponse, body: bytes,
                   headers: list[tuple[bytes, bytes]], arrival: float) -> Reply:
         placement.lease.close()
+        self._succeeded(placement.replica)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
         except orjson.JSONDecodeError:
@@ -215,18 +244,31 @@ class Relay:
         except TimeoutError:
             status = 504
             self.metrics.upstream_error(placement.replica, "stream_timeout")
-            yield UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
-                                  f"{timeout:g}s (or the request ran past its total "
-                                  f"{self.timeouts.total:g}s)").sse_event(api)
+            error = UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
+                                    f"{timeout:g}s (or the request ran past its total "
+                                    f"{self.timeouts.total:g}s)")
+            if first_at is None:
+                raise error from None  # nothing sent yet: a plain error response
+            yield error.sse_event(api)
         except (aiohttp.ClientError, UpstreamUnavailable) as exc:
             status = 502
             self.metrics.upstream_error(placement.replica, "stream_broken")
             error = exc if isinstance(exc, GatewayError) else UpstreamUnavailable(
                 f"replica {placement.replica.name} stream broke: {type(exc).__name__}")
+            if first_at is None:  # nothing sent yet: another replica may take it
+                error.retry_kind = "transport"
+                raise error from None
             yield error.sse_event(api)
+        except (GeneratorExit, asyncio.CancelledError):
+            status = 499  # the client left mid-stream: not a success
+            raise
         finally:
             deadline.cancel()
             lease.close()
+            if status >= 500:
+                self._failed(placement.replica)
+            elif first_at is not None:
+                self._succeeded(placement.replica)
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
             self._account(meter, reader.usage, arrival, first_at, last_at, status)
@@ -273,6 +315,15 @@ class _Deadline:
             self._handle.cancel()
 
 
+# Events that carry no token: the chat role chunk and empty closing deltas (compact JSON,
+# as engines write it). They must not count as tokens when an engine sends no usage.
+_TOKENLESS = (b'"content":""', b'"content":null', b'"delta":{}', b'"text":""')
+
+
+def _tokenless_events(out: bytes) -> int:
+    return sum(out.count(marker) for marker in _TOKENLESS)
+
+
 class _EventReader:
     """Splits upstream bytes on SSE event boundaries and reads what the gateway needs.
 
@@ -309,6 +360,8 @@ class _EventReader:
                 events -= 1
             if b'"usage"' in out and (b'"usage":{' in out or b'"usage": {' in out):
                 out, events = self._read_usage(out, events)
+            if b'""' in out or b'{}' in out or b'"content":null' in out:
+                events -= _tokenless_events(out)
         elif b'"generated_text":"' in out or (b'"details"' in out and (
                 b'"details":{' in out or b'"details": {' in out)):
             self._read_tgi_final(out)

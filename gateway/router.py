@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
+from collections import deque
 from dataclasses import dataclass
+from typing import Collection
 
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.policy import Policy
+from gateway.config import BackpressureConfig
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import Api, ApiNotServed, ModelNotFound, NoReplicaAvailable
+from gateway.protocol.errors import (Api, ApiNotServed, ModelNotFound, NoReplicaAvailable,
+                                     Overloaded)
 from gateway.protocol.request import GenerationRequest
-from gateway.window import admit
+from gateway.window import Admission, admit
 
 
 @dataclass(slots=True)
@@ -21,16 +27,26 @@ class Placement:
     model: ServedModel
     replica: Replica
     lease: Lease
+    queued_for: float = 0.0  # seconds spent waiting for a free slot
+
+
+# A queued request also re-checks this often, for slots freed where no local lease closes
+# (another instance's requests, a replica coming back, an admin undrain).
+_RECHECK_SECONDS = 0.1
 
 
 class Router:
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
-                 policy: Policy, ledger: LoadLedger, rng: random.Random | None = None) -> None:
+                 policy: Policy, ledger: LoadLedger,
+                 backpressure: BackpressureConfig = BackpressureConfig(),
+                 rng: random.Random | None = None) -> None:
         self.models = models
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.policy = policy
         self.ledger = ledger
+        self.backpressure = backpressure
         self.rng = rng or random.Random()
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}  # per model, FIFO
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
@@ -43,25 +59,94 @@ class Router:
             raise ModelNotFound(name)
         return model
 
-    def place(self, request: GenerationRequest) -> Placement:
-        """Pick a replica for ``request`` and reserve its cost; raise a GatewayError if none."""
+    def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
+        """The request's model, cost and the replicas whose window it fits (else raise)."""
         model = self.model_for(request.model, request.api)
         speakers = [r for r in model.replicas if r.speaks(request.api)]
         if not speakers:
             engines = sorted({r.engine for r in model.replicas})
             raise ApiNotServed(f"model `{model.name}` is served only by {', '.join(engines)} "
                                f"replicas, which do not speak the {request.api.value} API")
-        admission = admit(model, request, speakers)
-        eligible = {id(r) for r in admission.replicas if r.available}
-        pool = self._pick_pool(model.pools, eligible)
-        if pool is None:
-            raise NoReplicaAvailable(f"no available replica of model `{model.name}` can take "
-                                     f"this request now")
-        candidates = [r for r in pool.replicas if id(r) in eligible]
+        return model, admit(model, request, speakers)
+
+    async def place(self, model: ServedModel, admission: Admission,
+                    exclude: Collection[Replica] = ()) -> Placement:
+        """Pick an available replica with a free slot and reserve the request's cost there.
+
+        While every available replica is at its in-flight limit the request waits in the
+        model's bounded FIFO queue; a full queue or a wait past ``queue_timeout`` is a 429.
+        ``exclude`` holds replicas already tried by this request (retries).
+        """
+        loop = asyncio.get_running_loop()
+        started = deadline = 0.0
+        while True:
+            available = [r for r in admission.replicas if r.available and r not in exclude]
+            if not available:
+                raise NoReplicaAvailable(f"no available replica of model `{model.name}` can "
+                                         f"take this request now")
+            free = {id(r) for r in available if self._has_slot(r)}
+            if free:
+                placement = self._reserve(model, admission, free)
+                if started:
+                    placement.queued_for = loop.time() - started
+                return placement
+            if not started:
+                started = loop.time()
+                deadline = started + self.backpressure.queue_timeout
+            await self._wait_for_slot(model.name, deadline)
+
+    def _reserve(self, model: ServedModel, admission: Admission, free: set[int]) -> Placement:
+        pool = self._pick_pool(model.pools, free)
+        assert pool is not None  # ``free`` is not empty
+        candidates = [r for r in pool.replicas if id(r) in free]
         replica = self.policy.select(candidates, admission.cost, self.ledger)
         lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens,
                                   admission.cost.output_tokens)
+        lease.on_close = lambda: self._wake_one(model.name)
         return Placement(model, replica, lease)
+
+    def limit_of(self, replica: Replica) -> int | None:
+        """The replica's in-flight limit: the configured one, or the engine's own if lower."""
+        limits = [n for n in (self.backpressure.max_in_flight_per_replica,
+                              replica.max_concurrent_requests) if n is not None]
+        return min(limits) if limits else None
+
+    def _has_slot(self, replica: Replica) -> bool:
+        limit = self.limit_of(replica)
+        return limit is None or self.ledger.load(replica.name).in_flight < limit
+
+    async def _wait_for_slot(self, model: str, deadline: float) -> None:
+        waiters = self._waiters.setdefault(model, deque())
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise Overloaded(f"every replica of model `{model}` is at its in-flight limit; "
+                             f"waited {self.backpressure.queue_timeout:g}s for a slot")
+        if len(waiters) >= self.backpressure.queue_size:
+            raise Overloaded(f"every replica of model `{model}` is at its in-flight limit "
+                             f"and {len(waiters)} requests are already waiting")
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            async with asyncio.timeout(min(remaining, _RECHECK_SECONDS)):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if not waiter.done() or waiter.cancelled():  # not woken: leave the queue
+                with contextlib.suppress(ValueError):
+                    waiters.remove(waiter)
+
+    def _wake_one(self, model: str) -> None:
+        """A slot was freed: the oldest waiter of the model tries again."""
+        waiters = self._waiters.get(model)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def queued(self, model: str) -> int:
+        return len(self._waiters.get(model, ()))
 
     def _pick_pool(self, pools: list[Pool], eligible: set[int]) -> Pool | None:
         """A pool with an eligible replica, drawn by weight (canary splits)."""

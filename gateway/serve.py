@@ -15,6 +15,7 @@ import uvicorn
 
 from gateway.app import CONFIG_ENV, create_app
 from gateway.config import ConfigError, load_settings
+from gateway.metrics import prepare_multiprocess_dir
 
 log = logging.getLogger("gateway")
 
@@ -47,8 +48,13 @@ def run(args: argparse.Namespace) -> int:
                         "load, blind to the others' requests", args.workers)
         if args.config:
             os.environ[CONFIG_ENV] = os.path.abspath(args.config)
-        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=args.workers,
-                    **common)
+        # One scrape, every worker's totals: prometheus_client's multiprocess files.
+        cleanup = prepare_multiprocess_dir()
+        try:
+            uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=args.workers,
+                        **common)
+        finally:
+            cleanup()
     else:
         uvicorn.run(create_app(settings), **common)
     return 0

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.balance.policy import RequestCost
+from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import ContextLengthExceeded, InvalidRequest
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
 ESTIMATED_BYTES_PER_TOKEN = 4
@@ -89,6 +90,21 @@ def _prompts(request: GenerationRequest, tokenizer: ModelTokenizer | None) -> li
     return [_Prompt(p, add_special) if isinstance(p, str) else _Prompt(ids=p) for p in prompt]
 
 
+def _affinity(request: GenerationRequest,
+              prompts: list[_Prompt]) -> tuple[tuple[int, ...], str | None]:
+    """What prefix-aware balancing needs: the prompt's hashed prefix blocks (one prompt
+    only) and the client's session (``x-session-id``, else OpenAI's ``user``)."""
+    blocks: tuple[int, ...] = ()
+    if len(prompts) == 1:
+        prompt = prompts[0]
+        blocks = (token_blocks(prompt.ids) if prompt.ids is not None
+                  else prompt_blocks(prompt.text or ""))
+    session = request.session or request.body.get("user")
+    if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_CHARS:
+        session = None
+    return blocks, session
+
+
 def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
@@ -113,10 +129,11 @@ def admit(model: ServedModel, request: GenerationRequest,
     max_tokens = request.max_tokens
     fanout = request.choices * len(prompts)
     output_tokens = (max_tokens or model.default_output_tokens) * fanout
+    affinity = _affinity(request, prompts)
 
     if tokenizer is None:
         estimate = sum(p.estimate() for p in prompts)
-        cost = RequestCost(estimate, output_tokens)
+        cost = RequestCost(estimate, output_tokens, *affinity)
         known = [w for w in (model.window(r) for r in candidates) if w is not None]
         if max_tokens is not None and known and len(known) == len(candidates):
             fitting = [r for r in candidates if max_tokens <= (model.window(r) or 0)]
@@ -127,7 +144,7 @@ def admit(model: ServedModel, request: GenerationRequest,
 
     bound = max(p.upper_bound(tokenizer) for p in prompts)
     if all(_fits(model, r, bound, max_tokens) for r in candidates):
-        return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens),
+        return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens, *affinity),
                          candidates, False)
     counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
@@ -136,4 +153,4 @@ def admit(model: ServedModel, request: GenerationRequest,
         windows = [w for w in (model.window(r) for r in candidates) if w is not None]
         limit = max(windows) if windows else longest
         raise ContextLengthExceeded(limit, longest, max_tokens, request.api)
-    return Admission(RequestCost(sum(counts), output_tokens), fitting, True)
+    return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)

@@ -92,3 +92,17 @@ def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 40
         finally:
             server.__exit__(None, None, None)
         return
+
+
+@contextlib.contextmanager
+def gateway_server(config_dir: Path, config: dict, ready_path: str = "/ready",
+                   *extra_args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``llm-gateway serve`` with ``config`` (a settings dict); yields (base URL, process)."""
+    import yaml
+
+    port = free_port()
+    path = config_dir / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running(["serve", "--config", str(path), "--port", str(port), "--log-level", "warning",
+                  *extra_args], f"http://127.0.0.1:{port}{ready_path}") as proc:
+        yield f"http://127.0.0.1:{port}", proc

@@ -11,13 +11,12 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
-import yaml
 from huggingface_hub import InferenceClient
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
 from gateway.tokens import ModelTokenizer
-from support import free_port, running, sim
+from support import free_port, gateway_server, sim
 
 MODEL = "sim-model"
 GATEWAY_WINDOW = 2048  # below the replicas' 4096: only the gateway can reject in between
@@ -29,12 +28,8 @@ def gateway(tmp_path: Path, replicas: list[dict], ready_path: str = "/ready",
             **settings: object) -> Iterator[str]:
     config = {"models": [{"name": MODEL, "replicas": replicas, **settings.pop("model", {})}],
               "health": {"interval": 0.5, "timeout": 1.0}, **settings}
-    path = tmp_path / f"gateway-{free_port()}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    with running(["serve", "--config", str(path), "--port", str(port), "--log-level", "warning"],
-                 f"http://127.0.0.1:{port}{ready_path}"):
-        yield f"http://127.0.0.1:{port}"
+    with gateway_server(tmp_path, config, ready_path) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

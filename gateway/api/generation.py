@@ -14,17 +14,22 @@ import time
 import uuid
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from gateway.protocol.errors import Api, GatewayError, InvalidRequest
-from gateway.protocol.request import GenerationRequest
+from gateway.fleet.replica import Replica
+from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
+from gateway.protocol.request import GenerationRequest, session_of
+from gateway.relay import Reply
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.fleet.model import ServedModel
+    from gateway.window import Admission
 
 Scope = dict
 Receive = Callable
 Send = Callable
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
 
 
 class BodyTooLarge(InvalidRequest):
@@ -33,6 +38,19 @@ class BodyTooLarge(InvalidRequest):
 
     def tgi_status(self) -> int:
         return 413
+
+
+class SlowClient(InvalidRequest):
+    """The body did not arrive in time: a client trickling bytes cannot pin a slot."""
+
+    status = 408
+    reason = "slow_client"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request body did not arrive within {seconds:g}s")
+
+    def tgi_status(self) -> int:
+        return 408
 
 
 async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -50,11 +68,28 @@ async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
             return b"".join(chunks)
 
 
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    reason = "headers_too_large"
+
+    def tgi_status(self) -> int:
+        return 431
+
+
 def request_id_of(scope: Scope) -> str:
+    """The client's ``x-request-id`` (or a new one); raises if the header block is too big.
+
+    uvicorn's httptools parser sets no limit of its own, so the check is made here, where
+    the request is refused before anything is read or reserved.
+    """
+    request_id, size = None, 0
     for key, value in scope["headers"]:
+        size += len(key) + len(value)
         if key == b"x-request-id" and 0 < len(value) <= 128:
-            return value.decode("latin-1")
-    return uuid.uuid4().hex
+            request_id = value.decode("latin-1")
+    if size > MAX_HEADER_BYTES:
+        raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
+    return request_id or uuid.uuid4().hex
 
 
 async def send_body(send: Send, status: int, body: bytes,
@@ -113,38 +148,83 @@ class GenerationEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = time.perf_counter()
         gateway = self.gateway
-        request_id = request_id_of(scope)
         request: GenerationRequest | None = None
         try:
-            if gateway.draining:
-                raise GatewayError("the gateway is shutting down", status=503)
-            request = self.parse(await read_body(receive))
-            placement = gateway.router.place(request)
-        except GatewayError as error:
-            model_label = self._model_label(request.model if request else None)
-            gateway.metrics.reject(model_label, self.api, error.reason)
-            await send_error(send, error, self.api, request_id)
+            request_id = request_id_of(scope)
+        except HeadersTooLarge as error:
+            await self._reject(send, error, None, uuid.uuid4().hex)
             return
-        except asyncio.CancelledError:
-            return  # the client left before sending its whole body
-
-        async with cancel_on_disconnect(receive):
+        gateway.active_requests += 1
+        try:
             try:
-                reply = await gateway.relay.forward(request, placement, arrival, request_id)
+                if gateway.draining:
+                    raise Draining()
+                async with asyncio.timeout(gateway.settings.client_body_timeout):
+                    body = await read_body(receive)
+                request = self.parse(body)
+                request.session = session_of(scope["headers"])
+                model, admission = gateway.router.admit(request)
+            except TimeoutError:
+                await self._reject(send, SlowClient(gateway.settings.client_body_timeout),
+                                   request, request_id)
+                return
             except GatewayError as error:
-                await send_error(send, error, self.api, request_id)
+                await self._reject(send, error, request, request_id)
                 return
-            if reply.stream is None:
-                await send_body(send, reply.status, reply.body, reply.headers)
-                return
-            await send({"type": "http.response.start", "status": reply.status,
-                        "headers": reply.headers})
+            except asyncio.CancelledError:
+                return  # the client left before sending its whole body
+            async with cancel_on_disconnect(receive):
+                try:
+                    reply = await self._forward(request, model, admission, arrival, request_id)
+                except GatewayError as error:
+                    if error.retry_kind is None and error.reason in _GATEWAY_REASONS:
+                        gateway.metrics.reject(model.name, self.api, error.reason)
+                    await send_error(send, error, self.api, request_id)
+                    return
+                if reply.stream is None:
+                    await send_body(send, reply.status, reply.body, reply.headers)
+                    return
+                try:
+                    await send({"type": "http.response.start", "status": reply.status,
+                                "headers": reply.headers})
+                    await send({"type": "http.response.body", "body": reply.first,
+                                "more_body": True})
+                    async for chunk in reply.stream:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                    await send({"type": "http.response.body", "body": b""})
+                finally:
+                    await reply.stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            gateway.active_requests -= 1
+
+    async def _forward(self, request: GenerationRequest, model: "ServedModel",
+                       admission: "Admission", arrival: float, request_id: str) -> Reply:
+        """Place and send; on a failure before anything reached the client, try another
+        replica while attempts and the retry budget allow."""
+        gateway = self.gateway
+        gateway.retry_budget.request()
+        tried: list[Replica] = []
+        while True:
+            placement = await gateway.router.place(model, admission, exclude=tried)
+            if placement.queued_for:
+                gateway.metrics.queued(model.name, self.api, placement.queued_for)
             try:
-                async for chunk in reply.stream:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
-            finally:
-                await reply.stream.aclose()  # type: ignore[attr-defined]
+                return await gateway.relay.forward(request, placement, arrival, request_id)
+            except GatewayError as error:
+                tried.append(placement.replica)
+                if (error.retry_kind is None
+                        or len(tried) >= gateway.settings.retries.max_attempts
+                        or not any(r.available and r not in tried for r in admission.replicas)
+                        or not gateway.retry_budget.try_spend()):
+                    raise
+                gateway.metrics.retry(placement.replica, error.retry_kind)
+
+    async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
+                      request_id: str) -> None:
+        model_label = self._model_label(request.model if request else None)
+        self.gateway.metrics.reject(model_label, self.api, error.reason)
+        await send_error(send, error, self.api, request_id)
 
     def _model_label(self, name: str | None) -> str:
         """Only configured names become label values (client input never does)."""
@@ -153,3 +233,8 @@ class GenerationEndpoint:
             return name  # type: ignore[return-value]
         default = self.gateway.router.default_model
         return default if default is not None and (name is None or self.api is Api.TGI) else "unknown"
+
+
+# Errors the gateway answers itself after admission (counted as rejections); the engines'
+# own errors are counted as upstream errors by the relay.
+_GATEWAY_REASONS = frozenset({"overloaded", "no_replica"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 router = APIRouter()
 
@@ -17,16 +17,18 @@ async def health() -> Response:
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
-    """Ready when every model has a healthy replica and the gateway is not draining."""
+    """Ready when every model has an available replica and the gateway is not draining."""
     gateway = request.app.state.gateway
-    models = {name: sum(r.healthy for r in model.replicas)
+    models = {name: sum(r.available for r in model.replicas)
               for name, model in gateway.models.items()}
     ok = not gateway.draining and all(models.values())
-    return JSONResponse({"ready": ok, "draining": gateway.draining, "healthy_replicas": models},
+    return JSONResponse({"ready": ok, "draining": gateway.draining,
+                         "available_replicas": models},
                         status_code=200 if ok else 503)
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.gateway.metrics.registry),
+    """This process's metrics; under --workers N, the totals of all workers."""
+    return Response(request.app.state.gateway.metrics.exposition(),
                     media_type=CONTENT_TYPE_LATEST)

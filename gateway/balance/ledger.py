@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(slots=True)
@@ -67,13 +68,14 @@ class InProcessLedger(LoadLedger):
 class Lease:
     """One request's reservation on one replica, released piece by piece, exactly once."""
 
-    __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed")
+    __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed", "on_close")
 
     def __init__(self, ledger: LoadLedger, replica: str, prompt_tokens: int,
                  output_tokens: int) -> None:
         self.ledger, self.replica = ledger, replica
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.closed = False
+        self.on_close: Callable[[], None] | None = None  # e.g. wake a request queued for a slot
         ledger._adjust(replica, prompt_tokens + output_tokens, 1)
 
     @property
@@ -99,3 +101,5 @@ class Lease:
             self.closed = True
             self.ledger._adjust(self.replica, -(self.prompt_tokens + self.output_tokens), -1)
             self.prompt_tokens = self.output_tokens = 0
+            if self.on_close is not None:
+                self.on_close()

@@ -1,7 +1,8 @@
-"""Ask each engine for its context window, in its own dialect.
+"""Ask each engine for its context window (and in-flight limit), in its own dialect.
 
 vLLM/SGLang: ``GET /v1/models`` ``max_model_len``; TGI: ``GET /info`` ``max_total_tokens``
-and ``max_input_tokens`` (``max_input_length`` before v2.1); llama.cpp: ``GET /props``
+and ``max_input_tokens`` (``max_input_length`` before v2.1), and ``max_concurrent_requests``
+(TGI answers 429 beyond it, so the gateway queues instead); llama.cpp: ``GET /props``
 ``default_generation_settings.n_ctx`` (per slot, which is what a request gets).
 """
 
@@ -29,14 +30,16 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) ->
 async def discover_window(session: aiohttp.ClientSession, replica: Replica,
                           timeout: float) -> bool:
     """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards."""
-    if replica.max_model_len is not None:
+    tgi_limit_unknown = replica.engine == "tgi" and replica.max_concurrent_requests is None
+    if replica.max_model_len is not None and not tgi_limit_unknown:
         return True
     try:
         if replica.engine == "tgi":
             info = await _get_json(session, f"{replica.url}/info", timeout)
-            replica.max_model_len = _int(info.get("max_total_tokens"))
+            replica.max_model_len = replica.max_model_len or _int(info.get("max_total_tokens"))
             replica.max_input_tokens = _int(info.get("max_input_tokens")
                                             or info.get("max_input_length"))
+            replica.max_concurrent_requests = _int(info.get("max_concurrent_requests"))
         elif replica.engine == "llamacpp":
             props = await _get_json(session, f"{replica.url}/props", timeout)
             replica.max_model_len = _int(props.get("default_generation_settings", {}).get("n_ctx"))

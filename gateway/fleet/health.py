@@ -25,12 +25,16 @@ class HealthChecker:
         self.config = config
         self._streak: dict[str, int] = {}  # >0 consecutive passes, <0 consecutive failures
 
-    async def probe(self, replica: Replica) -> bool:
+    async def check(self, replica: Replica) -> bool:
+        """One probe of the replica's health endpoint, without recording it."""
         try:
             async with self.session.get(f"{replica.url}/health", timeout=self._timeout) as response:
-                ok = response.status == 200
+                return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
-            ok = False
+            return False
+
+    async def probe(self, replica: Replica) -> bool:
+        ok = await self.check(replica)
         if ok:
             # An engine that just came up may not have told us its window yet.
             await discover_window(self.session, replica, self.config.timeout)

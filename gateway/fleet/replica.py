@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.protocol.errors import Api
+
+if TYPE_CHECKING:
+    from gateway.fleet.engine_signals import EngineSignals
 
 # Which client protocols each engine speaks natively. TGI also serves the OpenAI-style
 # Messages API (/v1/chat/completions, /v1/completions).
@@ -33,6 +37,7 @@ class Replica:
     ejected_until: float = 0.0  # wall-clock time (shareable across instances); outlier ejection
     draining: bool = False  # admin: finish in-flight work, take nothing new
     max_concurrent_requests: int | None = None  # the engine's own in-flight limit, if it reports one
+    signals: "EngineSignals | None" = None  # latest scrape of the engine's own load (engine_signals.py)
     apis: frozenset[Api] = field(default=frozenset())
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ class GatewayError(Exception):
     tgi_type: str = "generation"
     code: str | None = None
     reason: str = "internal"  # fixed label value for the rejection/error metrics
+    retry_kind: str | None = None  # set when another replica may be tried (nothing was sent)
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -138,6 +139,36 @@ class NoReplicaAvailable(GatewayError):
     tgi_type = "overloaded"
     code = "no_replica_available"
     reason = "no_replica"
+
+
+class Overloaded(GatewayError):
+    """Every replica is at its in-flight limit and the gateway's queue is full or timed out.
+    429 with ``Retry-After``: the OpenAI client honours it; TGI's own words for TGI clients."""
+
+    status = 429
+    openai_type = "rate_limit_error"
+    tgi_type = "overloaded"
+    code = "overloaded"
+    reason = "overloaded"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after)})
+
+    def tgi_body(self) -> dict[str, Any]:
+        return {"error": "Model is overloaded", "error_type": "overloaded"}
+
+
+class Draining(GatewayError):
+    """The gateway is shutting down: in-flight work finishes, new work goes elsewhere."""
+
+    status = 503
+    openai_type = "server_error"
+    tgi_type = "overloaded"
+    code = "draining"
+    reason = "draining"
+
+    def __init__(self) -> None:
+        super().__init__("the gateway is shutting down; retry on another instance")
 
 
 class UpstreamError(GatewayError):

@@ -29,10 +29,23 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None
     wants_usage: bool = False  # the client asked for the usage chunk of a stream
     choices: int = 1  # OpenAI ``n``: output is generated this many times
+    session: str | None = None  # the client's session id (header x-session-id), for stickiness
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+
+SESSION_HEADER = b"x-session-id"
+MAX_SESSION_CHARS = 256  # longer session ids are ignored (the balancer remembers sessions)
+
+
+def session_of(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The client's ``x-session-id`` header, if it has a sane one."""
+    for key, value in headers:
+        if key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
+            return value.decode("latin-1")
+    return None
 
 
 def parse_json_object(raw: bytes, api: Api) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class SimConfig:
     tgi_sse_no_space: bool = False
     max_concurrent_requests: int = 128   # TGI's semaphore
     max_input_tokens: int | None = None  # TGI; default max_model_len - 1
+    no_stream_usage: bool = False        # ignore stream_options.include_usage
 
 
 class SimApp:
@@ -218,7 +219,8 @@ class SimApp:
             raise
         model = body.get("model") or cfg.model
         events = OpenAIStream(chat, model, job.prompt_tokens, job.max_new, job.finish_reason,
-                              job.include_usage, job.continuous_usage, d.data_prefix)
+                              job.include_usage and not cfg.no_stream_usage,
+                              job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
         await self.run(req, job, events,
                        lambda pieces, seq: openai_body(chat, model, job.prompt_tokens, pieces, seq.finish_reason))
 

@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vLLM <= 0.10.0: flat error body {\"object\":\"error\",...} and the old "
                            "context-length wording")
     wire.add_argument("--tgi-sse-no-space", action="store_true", help="TGI < 2.1: SSE lines 'data:{...}'")
+    wire.add_argument("--no-stream-usage", action="store_true",
+                      help="ignore stream_options.include_usage: OpenAI streams carry no usage "
+                           "(as engines without it do)")
     wire.add_argument("--max-concurrent-requests", type=int, default=128,
                       help="TGI: 429 'Model is overloaded' past this many requests in flight (default 128)")
     wire.add_argument("--max-input-tokens", type=int,
@@ -129,7 +132,7 @@ def build_config(args: argparse.Namespace):
         tokenizer=load_tokenizer(tokenizer_dir), tokenizer_dir=tokenizer_dir, speed=args.speed,
         prefix_cache=args.prefix_cache, faults=faults, vllm_flat_errors=args.vllm_flat_errors,
         tgi_sse_no_space=args.tgi_sse_no_space, max_concurrent_requests=args.max_concurrent_requests,
-        max_input_tokens=args.max_input_tokens)
+        max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage)
 
 
 def run(args: argparse.Namespace) -> int:

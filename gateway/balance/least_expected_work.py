@@ -1,0 +1,104 @@
+"""The default policy: send each request where it will wait behind the least work.
+
+Every candidate replica gets a score, in output-token equivalents (lowest wins, ties at
+random):
+
+    score = outstanding tokens (the ledger: live, decremented as tokens stream)
+          + prefill_weight * (this prompt's tokens - prefix_weight * tokens cached there)
+          + signals_weight * (engine work the ledger does not explain + KV pressure)
+          - session_tokens                          (only the session's last replica)
+
+- **Live remaining work.** The ledger's outstanding tokens are the prompt tokens not yet
+  prefilled plus the output tokens still expected, released as tokens stream back.
+- **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
+  (bounded LRU per replica, recorded at selection). A replica that holds this prompt's
+  prefix would skip that prefill, so it scores lower by those tokens, but only by those: once
+  it owes more than the prefill it saves, another replica wins (and learns the prefix), so
+  a popular prefix spreads instead of starving the others.
+- **Engine signals** (``fleet/engine_signals.py``), only while fresh
+  (``signals_max_age`` scrape intervals): requests the engine holds beyond the ledger's
+  in-flight count at the same moment (work other clients sent it directly) count as that
+  many typical requests; a KV cache fuller than ``kv_pressure_from`` adds up to the
+  replica's whole outstanding work again (new sequences would queue for KV). A scrape never
+  lowers what the ledger says.
+- **Session stickiness.** The replica that served a session last gets a bonus of
+  ``session_tokens``: a soft preference that yields as soon as it is that much busier.
+
+With ``prefill_weight 1`` and every other weight 0 this is exactly least_outstanding_tokens.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+from gateway.balance.ledger import LoadLedger
+from gateway.balance.policy import RequestCost, pick_lowest
+from gateway.balance.prefix_index import TOKENS_PER_BLOCK, PrefixIndex
+from gateway.config import SchedulingConfig
+from gateway.fleet.engine_signals import EngineSignals
+from gateway.fleet.replica import Replica
+
+MAX_SESSIONS = 65536  # sessions remembered (LRU); beyond it the oldest lose their preference
+
+
+class LeastExpectedWork:
+    takes_scheduling = True
+
+    def __init__(self, rng: random.Random | None = None,
+                 scheduling: SchedulingConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rng = rng or random.Random()
+        self.weights = scheduling or SchedulingConfig()
+        self.clock = clock
+        self.prefixes = PrefixIndex(self.weights.prefix_cache_tokens // TOKENS_PER_BLOCK)
+        self.sessions: OrderedDict[str, str] = OrderedDict()  # session -> replica name
+        self.typical_request_tokens = 512.0  # moving average of request cost (prompt + output)
+
+    def select(self, replicas: Sequence[Replica], cost: RequestCost,
+               ledger: LoadLedger) -> Replica:
+        w = self.weights
+        request_tokens = cost.prompt_tokens + cost.output_tokens
+        self.typical_request_tokens += 0.05 * (request_tokens - self.typical_request_tokens)
+        blocks = cost.prefix_blocks if w.prefix_weight > 0 else ()
+        # Hashed blocks cover the prompt up to its last partial block.
+        tokens_per_block = cost.prompt_tokens / (len(blocks) + 0.5) if blocks else 0.0
+        sticky = self.sessions.get(cost.session) if cost.session and w.session_tokens else None
+        now = self.clock()
+
+        def score(replica: Replica) -> float:
+            outstanding = ledger.load(replica.name).outstanding_tokens
+            prefill = float(cost.prompt_tokens)
+            if blocks:
+                cached = self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
+                prefill -= w.prefix_weight * min(cached, cost.prompt_tokens)
+            total = outstanding + w.prefill_weight * prefill
+            if w.signals_weight and replica.signals is not None:
+                total += w.signals_weight * self._engine_work(replica.signals, outstanding, now)
+            if replica.name == sticky:
+                total -= w.session_tokens
+            return total
+
+        chosen = pick_lowest(replicas, score, self.rng)
+        if blocks:
+            self.prefixes.record(chosen.name, blocks)
+        if cost.session and w.session_tokens:
+            self.sessions[cost.session] = chosen.name
+            self.sessions.move_to_end(cost.session)
+            if len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        return chosen
+
+    def _engine_work(self, signals: EngineSignals, outstanding: int, now: float) -> float:
+        """Work a fresh scrape shows beyond the ledger's: unexplained requests, KV pressure."""
+        w = self.weights
+        if not signals.fresh(now, w.signals_max_age * w.signals_interval):
+            return 0.0
+        unexplained = signals.unexplained_requests() * self.typical_request_tokens
+        pressure = 0.0
+        if signals.kv_usage is not None and signals.kv_usage > w.kv_pressure_from:
+            fullness = (signals.kv_usage - w.kv_pressure_from) / (1 - w.kv_pressure_from)
+            pressure = fullness * (outstanding + unexplained)
+        return unexplained + pressure

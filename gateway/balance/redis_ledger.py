@@ -1,0 +1,153 @@
+"""A load ledger shared by every gateway instance through Redis, off the request path.
+
+Each instance keeps its own load exactly, in process, as ``InProcessLedger`` does: leases
+change it synchronously and it can never go negative. Every sync round (``sync``, run by
+``gateway.shared.sync.SharedStateSync`` every ``redis_sync_interval``) publishes those totals
+to this instance's own key, refreshes its heartbeat, and reads every other live instance's
+last published totals, all in one Lua script (one round trip). ``load()`` is then
+
+    own exact load + sum of the other live instances' last published load
+
+Bounds (interval = ``redis_sync_interval``, ttl = ``redis_peer_ttl``):
+
+- a peer's change is seen here within about 2 x interval (its next publish, our next read);
+- a peer killed with SIGKILL stops counting within ttl + interval (its heartbeat expires);
+- with Redis unreachable, peers' last totals are kept for at most ttl after the last good
+  round and then dropped (own load only): fail-open, never stuck on phantom load.
+
+Nothing here can go negative: own totals come from leases, peers' totals are parsed as
+non-negative numbers and replaced wholesale every round (never incremented remotely).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from redis.asyncio import Redis
+
+from gateway.balance.ledger import LoadLedger, ReplicaLoad
+from gateway.shared.keys import SharedKeys
+
+# KEYS: instances zset, own load hash. ARGV: instance id, ttl ms, load key prefix, then
+# (replica, outstanding tokens, in flight) triples. Returns [peer id, [field, value, ...], ...].
+_SYNC = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('DEL', KEYS[2])
+for i = 4, #ARGV, 3 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2])
+end
+if #ARGV > 3 then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
+for _, peer in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if peer ~= ARGV[1] then
+    out[#out + 1] = peer
+    out[#out + 1] = redis.call('HGETALL', ARGV[3] .. peer)
+  end
+end
+return out
+"""
+
+
+def parse_load(value: str) -> ReplicaLoad | None:
+    """``"<tokens> <in_flight>"`` -> ReplicaLoad; None if malformed or negative."""
+    parts = value.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return ReplicaLoad(int(parts[0]), int(parts[1]))
+
+
+class RedisLedger(LoadLedger):
+    """Own load exact and local; peers' load as of the last sync round."""
+
+    def __init__(self, keys: SharedKeys, instance: str, peer_ttl: float) -> None:
+        self.keys = keys
+        self.instance = instance
+        self.peer_ttl = peer_ttl
+        self.peers: dict[str, dict[str, ReplicaLoad]] = {}  # live peer -> its published load
+        self._own: dict[str, ReplicaLoad] = {}
+        self._others: dict[str, ReplicaLoad] = {}  # sum over peers
+        self._view: dict[str, ReplicaLoad] = {}  # own + others, what policies read
+        self._script = None
+
+    # --- the LoadLedger interface: local, synchronous, no I/O ---
+
+    def load(self, replica: str) -> ReplicaLoad:
+        view = self._view.get(replica)
+        if view is None:
+            view = self._view[replica] = ReplicaLoad()
+        return view
+
+    def own_load(self, replica: str) -> ReplicaLoad:
+        own = self._own.get(replica)
+        if own is None:
+            own = self._own[replica] = ReplicaLoad()
+        return own
+
+    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
+        for load in (self.own_load(replica), self.load(replica)):
+            load.outstanding_tokens += tokens
+            load.in_flight += requests
+
+    def snapshot(self) -> dict[str, ReplicaLoad]:
+        return {name: ReplicaLoad(l.outstanding_tokens, l.in_flight)
+                for name, l in self._view.items()}
+
+    # --- sharing ---
+
+    def set_peers(self, peers: dict[str, dict[str, ReplicaLoad]]) -> None:
+        """Replace what the other instances contribute (wholesale: nothing accumulates)."""
+        self.peers = peers
+        others: dict[str, ReplicaLoad] = {}
+        for loads in peers.values():
+            for replica, load in loads.items():
+                total = others.setdefault(replica, ReplicaLoad())
+                total.outstanding_tokens += load.outstanding_tokens
+                total.in_flight += load.in_flight
+        self._others = others
+        for replica in self._view.keys() | others.keys() | self._own.keys():
+            own, other, view = self.own_load(replica), others.get(replica), self.load(replica)
+            view.outstanding_tokens = own.outstanding_tokens + (other.outstanding_tokens if other else 0)
+            view.in_flight = own.in_flight + (other.in_flight if other else 0)
+
+    async def sync(self, redis: Redis) -> None:
+        """One round trip: publish own load and heartbeat, read the live peers' load."""
+        if self._script is None:
+            self._script = redis.register_script(_SYNC)
+        args: list[str | int] = [self.instance, int(self.peer_ttl * 1000), self.keys.load_prefix]
+        for replica, load in self._own.items():
+            if load.outstanding_tokens or load.in_flight:
+                args += [replica, load.outstanding_tokens, load.in_flight]
+        reply = await self._script(keys=[self.keys.instances, self.keys.load(self.instance)],
+                                   args=args, client=redis)
+        peers: dict[str, dict[str, ReplicaLoad]] = {}
+        for peer, fields in zip(reply[::2], reply[1::2]):
+            loads = peers[peer] = {}
+            for replica, value in zip(fields[::2], fields[1::2]):
+                load = parse_load(value)
+                if load is not None:
+                    loads[replica] = load
+        self.set_peers(peers)
+
+    def stale(self) -> None:
+        """Redis has been unreachable for longer than the peer TTL: trust own load only."""
+        if self.peers:
+            self.set_peers({})
+
+    async def withdraw(self, redis: Redis) -> None:
+        """Graceful stop: leave the shared view at once instead of after the TTL."""
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.keys.instances, self.instance)
+            pipe.delete(self.keys.load(self.instance))
+            await pipe.execute()
+
+
+def instance_id() -> str:
+    """Unique per process and start: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"

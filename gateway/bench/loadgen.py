@@ -1,0 +1,638 @@
+"""Load generator for OpenAI and TGI endpoints: the engine of ``llm-gateway bench`` and of the
+benchmark suites (``gateway.bench.overhead``, ``gateway.bench.suite``).
+
+A minimal HTTP/1.1 keep-alive client written on asyncio protocols (one parser per connection,
+pre-encoded requests, one timestamp per received chunk), because a client library costs more
+CPU per request and per token than the gateway it measures. It speaks OpenAI
+``/v1/completions`` and ``/v1/chat/completions`` and TGI ``/generate`` and
+``/generate_stream``, streaming or not, over http or https.
+
+Programmatic API::
+
+    import asyncio
+    from gateway.bench.loadgen import Target, closed_loop, open_loop, poisson_arrivals
+    from gateway.bench.workload import Lengths, synthetic_requests
+
+    target = Target("http://127.0.0.1:8080", api="openai", endpoint="/v1/completions",
+                    stream=True, model="m")               # or api="tgi" (no model)
+    requests = synthetic_requests(200, Lengths.parse("uniform:50:300"), Lengths.parse("64"),
+                                  seed=1)                  # or [Request(prompt=..., max_tokens=...)]
+    # open loop: request i is due at arrivals[i] seconds after the start, whether or not
+    # earlier ones finished (latency is counted from the due time, so a slow client or
+    # server cannot hide queueing)
+    run = asyncio.run(open_loop(target, requests, poisson_arrivals(rate=20, n=200, seed=1)))
+    # closed loop: `users` clients, each sending its next request when the last one ends
+    run = asyncio.run(closed_loop(target, requests, users=64, duration=30))
+
+    from gateway.bench.report import summarize
+    summarize(run)   # TTFT/ITL/e2e percentiles, tokens/s, errors; overall, per pool, per replica
+
+Both loops stop issuing at ``max_requests`` (closed loop; default: each request once) or after
+``duration`` seconds, and every request has a ``timeout``; they return a :class:`Run` whose
+``records`` hold one :class:`Record` per request. Times are ``time.perf_counter()`` seconds;
+``Run.started`` is the zero. Output tokens come from the engine's usage
+(OpenAI ``usage.completion_tokens``, TGI ``details.generated_tokens``) when the response has it,
+else from counted token events; streaming OpenAI requests ask for usage
+(``stream_options.include_usage``) and TGI requests for ``details``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+from urllib.parse import urlsplit
+
+import orjson
+
+Api = Literal["openai", "tgi"]
+
+# Error kinds (Record.error): "http_<status>", or one of these.
+CONNECT, TIMEOUT, DISCONNECTED, STREAM_ERROR, BAD_RESPONSE = (
+    "connect", "timeout", "disconnected", "stream_error", "bad_response")
+
+DEFAULT_ENDPOINTS = {("openai", False): "/v1/completions", ("openai", True): "/v1/completions",
+                     ("tgi", False): "/generate", ("tgi", True): "/generate_stream"}
+
+
+@dataclass(slots=True)
+class Request:
+    """One request to send. ``prompt`` for completions and TGI; chat sends ``messages``, or
+    ``prompt`` as one user message. ``tag`` is carried to the record (e.g. "long"/"short")."""
+
+    prompt: str = ""
+    max_tokens: int = 16
+    messages: list[dict[str, Any]] | None = None
+    tag: str = ""
+
+
+@dataclass(slots=True)
+class Record:
+    """What one request did. Times are perf_counter seconds (``Run.started`` is the zero)."""
+
+    index: int                      # position in the request list / arrival schedule
+    due: float                      # when it was meant to start (open loop: its arrival)
+    sent: float = 0.0               # when it was written to a connection
+    end: float = 0.0
+    first_token: float | None = None
+    status: int = 0
+    error: str | None = None        # None = success; else an error kind
+    detail: str = ""                # error message (truncated)
+    prompt_tokens: int | None = None
+    output_tokens: int = 0          # usage when present, else counted token events
+    events: int = 0                 # token events seen (streams)
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, token events)
+    replica: str | None = None      # x-gateway-replica
+    pool: str | None = None         # x-gateway-pool
+    user: int | None = None         # closed loop: which user sent it
+    tag: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.due
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.due
+
+
+@dataclass
+class Run:
+    target: "Target"
+    records: list[Record]
+    started: float                  # perf_counter at the start
+    ended: float
+    mode: str                       # "closed" or "open"
+    users: int | None = None
+    rate: float | None = None
+
+    @property
+    def wall(self) -> float:
+        return self.ended - self.started
+
+
+class Target:
+    """Where to send and how: base URL, API, endpoint path, streaming, model."""
+
+    def __init__(self, url: str, api: Api = "openai", endpoint: str | None = None,
+                 stream: bool = False, model: str | None = None,
+                 extra_body: dict[str, Any] | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"target URL must be http(s)://host[:port][/path], got {url!r}")
+        if api not in ("openai", "tgi"):
+            raise ValueError(f"api must be 'openai' or 'tgi', got {api!r}")
+        self.url, self.api, self.stream, self.model = url, api, stream, model
+        self.host = parts.hostname
+        self.tls = parts.scheme == "https"
+        self.port = parts.port or (443 if self.tls else 80)
+        path = parts.path.rstrip("/")
+        self.endpoint = endpoint or path or DEFAULT_ENDPOINTS[(api, stream)]
+        self.chat = self.endpoint.rstrip("/").endswith("chat/completions")
+        self.extra_body = extra_body or {}
+        netloc = parts.netloc.rpartition("@")[2]
+        self._head = (f"POST {self.endpoint} HTTP/1.1\r\nHost: {netloc}\r\n"
+                      "Content-Type: application/json\r\nAccept: */*\r\n")
+
+    def body(self, request: Request) -> dict[str, Any]:
+        if self.api == "tgi":
+            prompt = request.prompt or "\n".join(str(m.get("content", ""))
+                                                 for m in request.messages or [])
+            body: dict[str, Any] = {"inputs": prompt, "parameters": {
+                "max_new_tokens": request.max_tokens, "details": True}}
+        else:
+            body = {"model": self.model} if self.model else {}
+            if self.chat:
+                body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
+            else:
+                body["prompt"] = request.prompt
+            body["max_tokens"] = request.max_tokens
+            body["stream"] = self.stream
+            if self.stream:
+                body["stream_options"] = {"include_usage": True}
+        body.update(self.extra_body)
+        return body
+
+    def encode(self, request: Request) -> bytes:
+        """The whole HTTP request, ready to write."""
+        payload = orjson.dumps(self.body(request))
+        return (self._head + f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+    async def connect(self) -> "_Conn":
+        loop = asyncio.get_running_loop()
+        tls = ssl.create_default_context() if self.tls else None
+        _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port,
+                                               ssl=tls)
+        return conn
+
+
+# ---------------------------------------------------------------------------------------------
+# One keep-alive connection: HTTP/1.1 response parsing (content-length, chunked, until-close)
+# and SSE token accounting.
+
+_HEAD, _BODY, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE = range(6)
+# Events that need parsing (usage, TGI details, errors), compact or with a space (json.dumps).
+_SPECIAL = (b'"usage":{', b'"usage": {', b'"error":', b'"details":{', b'"details": {')
+_now = time.perf_counter
+
+
+def _last_events(events: bytes, n: int = 3) -> int:
+    """Offset of the last ``n`` events of whole SSE events (searching backwards: cheap)."""
+    end = len(events) - 2
+    for _ in range(n):
+        end = events.rfind(b"\n\n", 0, end)
+        if end < 0:
+            return 0
+    return end + 2
+
+
+def _special(events: bytes, start: int) -> bool:
+    return (events.find(b'"usage":{', start) >= 0 or events.find(b'"error":', start) >= 0
+            or events.find(b'"details":{', start) >= 0 or events.find(b'"usage": {', start) >= 0
+            or events.find(b'"details": {', start) >= 0)
+
+
+def _data_lines(events: bytes) -> int:
+    """``data:`` lines in whole SSE events, but ``[DONE]``: one token event each."""
+    n = events.startswith(b"data:") + events.count(b"\ndata:")
+    return n - (b"data: [DONE]" in events or b"data:[DONE]" in events)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.state = _HEAD
+        self.remaining = 0
+        self.closed = False
+        self.keep_alive = True
+        self.record: Record | None = None
+        self.waiter: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.events_body = False    # this response is an SSE stream
+        self.partial = b""          # an SSE event cut by a read boundary
+        self.body: list[bytes] = []
+        self.usage_output: int | None = None
+
+    # asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.record is not None:
+            if self.state == _UNTIL_CLOSE:
+                self._finish()
+            else:
+                self._fail(DISCONNECTED, str(exc or "connection closed by the server"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.record is None:
+            return
+        buf = self.buf
+        buf += data
+        try:
+            self._parse(buf)
+        except (ValueError, IndexError) as exc:
+            self._fail(BAD_RESPONSE, f"unparseable HTTP response: {exc}")
+            self.close()
+
+    def _parse(self, buf: bytearray) -> None:
+        while self.record is not None:
+            state = self.state
+            if state == _HEAD:
+                i = buf.find(b"\r\n\r\n")
+                if i < 0:
+                    return
+                self._head(bytes(buf[:i]))
+                del buf[:i + 4]
+            elif state == _BODY:
+                if not buf:
+                    return
+                piece = bytes(buf[:self.remaining])
+                del buf[:len(piece)]
+                self.remaining -= len(piece)
+                self._piece(piece)
+                if self.remaining == 0:
+                    self._finish()
+            elif state == _CHUNK_SIZE:
+                i = buf.find(b"\r\n")
+                if i < 0:
+                    return
+                size = int(bytes(buf[:i]).split(b";")[0], 16)
+                del buf[:i + 2]
+                if size == 0:
+                    self.state = _TRAILER
+                else:
+                    self.remaining, self.state = size, _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                if len(buf) < self.remaining + 2:
+                    return
+                piece = bytes(buf[:self.remaining])
+                del buf[:self.remaining + 2]
+                self.state = _CHUNK_SIZE
+                self._piece(piece)
+            elif state == _TRAILER:
+                i = buf.find(b"\r\n")
+                if i < 0:
+                    return
+                del buf[:i + 2]
+                if i == 0:
+                    self._finish()
+            else:  # _UNTIL_CLOSE
+                if buf:
+                    self._piece(bytes(buf))
+                    buf.clear()
+                return
+
+    def _head(self, raw: bytes) -> None:
+        record = self.record
+        assert record is not None
+        head = raw.lower()
+        record.status = status = int(head[9:12])
+        self.keep_alive = b"\r\nconnection: close" not in head
+        for name, attr in ((b"\r\nx-gateway-replica:", "replica"), (b"\r\nx-gateway-pool:", "pool")):
+            i = head.find(name)
+            if i >= 0:
+                j = head.find(b"\r\n", i + 2)
+                # values keep their case: read them from the raw head
+                setattr(record, attr, raw[i + len(name):j if j >= 0 else None].strip().decode())
+        i = head.find(b"\r\nx-prompt-tokens:")
+        if i >= 0:
+            j = head.find(b"\r\n", i + 2)
+            value = head[i + 18:j if j >= 0 else None].strip()
+            if value.isdigit():
+                record.prompt_tokens = int(value)
+        self.events_body = self.target.stream and status == 200 and b"text/event-stream" in head
+        if b"\r\ntransfer-encoding: chunked" in head:
+            self.state = _CHUNK_SIZE
+            return
+        i = head.find(b"\r\ncontent-length:")
+        if i >= 0:
+            j = head.find(b"\r\n", i + 2)
+            self.remaining = int(head[i + 17:j if j >= 0 else None].strip())
+            if self.remaining == 0:
+                self._finish()
+            else:
+                self.state = _BODY
+        elif status in (204, 304) or 100 <= status < 200:
+            self._finish()
+        else:
+            self.state, self.keep_alive = _UNTIL_CLOSE, False
+
+    def _piece(self, data: bytes) -> None:
+        if not self.events_body:
+            self.body.append(data)
+            return
+        if self.partial:
+            data = self.partial + data
+        cut = data.rfind(b"\n\n")
+        if cut < 0:
+            self.partial = data
+            return
+        if cut + 2 < len(data):
+            self.partial, data = data[cut + 2:], data[:cut + 2]
+        else:
+            self.partial = b""
+        record = self.record
+        assert record is not None
+        # Usage, TGI details and errors come in a stream's last events, the chat role in its
+        # first: look only there, so a read of many events costs one count.
+        tail = _last_events(data)
+        chat_start = (self.target.chat and record.first_token is None
+                      and data.find(b'"role":', 0, data.find(b"\n\n")) >= 0)
+        if chat_start or _special(data, tail):
+            tokens = self._events_slow(data, tail, chat_start)
+        else:  # every `data:` line but [DONE] is one token event
+            tokens = _data_lines(data)
+        if tokens > 0:
+            now = _now()
+            if record.first_token is None:
+                record.first_token = now
+            record.events += tokens
+            record.chunks.append((now, tokens))
+
+    def _events_slow(self, data: bytes, tail: int, chat_start: bool) -> int:
+        """Count as the fast path does, then parse the events that carry usage, TGI details,
+        an error (from ``tail`` on) or the chat role (first event), and take back those that
+        carry no token."""
+        tokens = _data_lines(data)
+        starts = {0} if chat_start else set()
+        for marker in _SPECIAL:
+            i = data.find(marker, tail)
+            while i >= 0:
+                boundary = data.rfind(b"\n\n", 0, i)   # JSON holds no raw newline
+                starts.add(boundary + 2 if boundary >= 0 else 0)
+                i = data.find(marker, i + 1)
+        for start in starts:
+            end = data.find(b"\n\n", start)
+            event = data[start:end if end >= 0 else None].strip()
+            if not event.startswith(b"data:"):
+                continue
+            try:
+                obj = orjson.loads(event[5:])
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and not self._special_event(obj):
+                tokens -= 1
+        return tokens
+
+    def _special_event(self, obj: dict[str, Any]) -> bool:
+        """Take what an event says about usage or errors; True if it also carries a token."""
+        record = self.record
+        assert record is not None
+        if obj.get("error"):
+            error = obj["error"]
+            message = error.get("message", error) if isinstance(error, dict) else error
+            record.error, record.detail = STREAM_ERROR, str(message)[:300]
+            return False
+        if self.target.api == "tgi" or "token" in obj:
+            details = obj.get("details")
+            if isinstance(details, dict):
+                self._usage(details.get("input_length"), details.get("generated_tokens"))
+            return "token" in obj
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content") or delta.get("tool_calls") \
+                    or delta.get("reasoning_content"):
+                return True
+        return False
+
+    def _usage(self, prompt: Any, output: Any) -> None:
+        if isinstance(prompt, int):
+            self.record.prompt_tokens = prompt  # type: ignore[union-attr]
+        if isinstance(output, int):
+            self.usage_output = output
+
+    def _finish(self) -> None:
+        record = self.record
+        assert record is not None
+        record.end = _now()
+        self.state = _HEAD
+        if self.events_body:
+            if self.partial.strip():
+                self._piece(b"\n\n")           # a last event without its blank line
+        elif self.body:
+            self._json_body(b"".join(self.body))
+        if record.error is None and record.status != 200:
+            record.error = f"http_{record.status}"
+        record.output_tokens = self.usage_output if self.usage_output is not None else record.events
+        if not self.keep_alive:
+            self.close()
+        self._settle()
+
+    def _json_body(self, body: bytes) -> None:
+        record = self.record
+        assert record is not None
+        if record.status != 200:
+            record.detail = body[:300].decode(errors="replace")
+            return
+        if record.first_token is None:
+            record.first_token = record.end
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            record.error, record.detail = BAD_RESPONSE, body[:300].decode(errors="replace")
+            return
+        if isinstance(obj, list) and obj:      # TGI `POST /` answers a list
+            obj = obj[0]
+        if not isinstance(obj, dict):
+            return
+        usage = obj.get("usage")
+        details = obj.get("details")
+        if isinstance(usage, dict):
+            self._usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        elif isinstance(details, dict):
+            self._usage(None, details.get("generated_tokens"))
+
+    def _fail(self, kind: str, detail: str) -> None:
+        record = self.record
+        if record is None:
+            return
+        record.end = _now()
+        if record.error is None:
+            record.error, record.detail = kind, detail[:300]
+        record.output_tokens = self.usage_output if self.usage_output is not None else record.events
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.record = None
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        self._fail(TIMEOUT, "no complete response within the timeout")
+        self.close()
+
+    # API
+    def request(self, raw: bytes, record: Record, timeout: float) -> asyncio.Future:
+        """Write ``raw``; the future resolves when ``record`` is complete (success or not)."""
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        self.record = record
+        self.state, self.partial, self.body, self.usage_output = _HEAD, b"", [], None
+        self.buf.clear()
+        self.timer = loop.call_later(timeout, self._timed_out)
+        record.sent = _now()
+        self.transport.write(raw)  # type: ignore[union-attr]
+        return self.waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Load shapes
+
+OnRecord = Callable[[Record], None]
+
+
+def poisson_arrivals(rate: float, n: int, seed: int = 0, start: float = 0.0) -> list[float]:
+    """``n`` arrival offsets (seconds) of a Poisson process of ``rate`` requests/s, seeded."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    rng = random.Random(seed)
+    t, out = start, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+async def _send(target: Target, conn: "_Conn | None", raw: bytes, record: Record,
+                timeout: float) -> "_Conn | None":
+    """Send on ``conn`` (or a new connection); return the connection if it can be reused."""
+    if conn is None or conn.closed:
+        try:
+            conn = await asyncio.wait_for(target.connect(), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            record.sent = record.end = _now()
+            record.error, record.detail = CONNECT, (str(exc) or type(exc).__name__)[:300]
+            return None
+    await conn.request(raw, record, timeout)
+    return None if conn.closed else conn
+
+
+async def closed_loop(target: Target, requests: Sequence[Request], users: int, *,
+                      max_requests: int | None = None, duration: float | None = None,
+                      timeout: float = 300.0, on_record: OnRecord | None = None) -> Run:
+    """``users`` clients, each with one keep-alive connection, each sending its next request
+    as soon as its last one ended. Requests are taken in order (cycling through ``requests``)
+    until ``max_requests`` have been sent (default ``len(requests)`` unless ``duration`` is
+    given) or ``duration`` seconds have passed; requests in flight then finish (bounded by
+    ``timeout``)."""
+    if users < 1 or not requests:
+        raise ValueError("need at least one user and one request")
+    if max_requests is None and duration is None:
+        max_requests = len(requests)
+    raw = [target.encode(r) for r in requests]
+    records: list[Record] = []
+    counter = itertools.count()
+    started = _now()
+    deadline = started + duration if duration is not None else float("inf")
+    limit = max_requests if max_requests is not None else float("inf")
+
+    async def user(u: int) -> None:
+        conn = None
+        while True:
+            now = _now()
+            if now >= deadline:
+                break
+            i = next(counter)
+            if i >= limit:
+                break
+            k = i % len(raw)
+            record = Record(index=i, due=now, user=u, tag=requests[k].tag)
+            conn = await _send(target, conn, raw[k], record, timeout)
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+            if record.error == CONNECT:
+                await asyncio.sleep(0.05)      # do not spin on a target that is down
+        if conn is not None:
+            conn.close()
+
+    try:
+        await asyncio.gather(*(user(u) for u in range(users)))
+    finally:
+        ended = _now()
+    records.sort(key=lambda r: r.index)
+    return Run(target, records, started, ended, "closed", users=users)
+
+
+async def open_loop(target: Target, requests: Sequence[Request], arrivals: Sequence[float], *,
+                    duration: float | None = None, timeout: float = 300.0,
+                    max_in_flight: int = 2048, on_record: OnRecord | None = None,
+                    rate: float | None = None) -> Run:
+    """Request ``i`` (cycling through ``requests``) is due ``arrivals[i]`` seconds after the
+    start, whether or not earlier ones have finished. Connections are reused when idle and
+    opened when none is; past ``max_in_flight`` a due request waits for a free slot, and
+    that wait counts in its latency. Arrivals later than ``duration`` are not sent."""
+    if not requests:
+        raise ValueError("need at least one request")
+    raw = [target.encode(r) for r in requests]
+    records: list[Record] = []
+    idle: list[_Conn] = []
+    slots = asyncio.Semaphore(max_in_flight)
+    tasks: set[asyncio.Task] = set()
+    started = _now()
+
+    async def one(i: int, due: float) -> None:
+        k = i % len(raw)
+        record = Record(index=i, due=due, tag=requests[k].tag)
+        async with slots:
+            conn = None
+            while idle and conn is None:
+                candidate = idle.pop()
+                conn = None if candidate.closed else candidate
+            conn = await _send(target, conn, raw[k], record, timeout)
+            if conn is not None:
+                idle.append(conn)
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+
+    try:
+        for i, offset in enumerate(arrivals):
+            if duration is not None and offset > duration:
+                break
+            due = started + offset
+            delay = due - _now()
+            if delay > 0.0005:
+                await asyncio.sleep(delay)
+            task = asyncio.ensure_future(one(i, due))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for conn in idle:
+            conn.close()
+        ended = _now()
+    records.sort(key=lambda r: r.index)
+    return Run(target, records, started, ended, "open", rate=rate)

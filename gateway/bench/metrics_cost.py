@@ -1,0 +1,103 @@
+"""What metrics cost on the hot path: one gateway worker with metrics on vs one with them off.
+
+    python -m gateway.bench.metrics_cost [--duration S] [--out FILE.json]
+
+One simulated vLLM replica (``--profile instant``) and two gateways in front of it, identical
+but for ``metrics: false`` in one config; both gateways pinned to core 0 (only one is loaded
+at a time), replica and load generator on core 1. Each scenario alternates on / off / off / on
+so drift cancels out; the load generator and measurement are ``gateway.bench.overhead``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
+                                    Scenario, free_port, run_segment, start, stop, summarise,
+                                    wait_ready)
+
+SCENARIOS = [
+    Scenario("tps_c64", "stream tokens/s, c=64, max_tokens 256", True, 64, 256),
+    Scenario("rps_c64", "non-stream req/s, c=64, max_tokens 16", False, 64, 16),
+]
+
+
+async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float,
+                  rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for sc in SCENARIOS:
+        segments: dict[str, list] = {"on": [], "off": []}
+        for r in range(rounds):
+            for target in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                segments[target].append(await run_segment(ports[target], sc, per_target / rounds,
+                                                          {"gateway": pids[target]}))
+        out[sc.key] = {"scenario": sc.__dict__,
+                       **{t: summarise(segments[t], sc, gateway=True) for t in segments}}
+    return out
+
+
+def table(res: dict[str, Any]) -> str:
+    rows = ["| one gateway worker | metrics on | metrics off | on / off |", "|---|---:|---:|---:|"]
+    for key, figure, unit in [("tps_c64", "tokens_per_s", "streamed tokens/s, c=64, 256 tok"),
+                              ("rps_c64", "requests_per_s", "non-stream req/s, c=64, 16 tok")]:
+        on, off = res[key]["on"][figure], res[key]["off"][figure]
+        rows.append(f"| {unit} | {on:,.0f} | {off:,.0f} | {on / off:.3f} |")
+        cpu = "gateway_cpu_us_per_token" if key == "tps_c64" else "gateway_cpu_us_per_request"
+        on_cpu, off_cpu = res[key]["on"].get(cpu), res[key]["off"].get(cpu)
+        if on_cpu and off_cpu:
+            rows.append(f"| gateway CPU {'per token' if key == 'tps_c64' else 'per request'} "
+                        f"(µs) | {on_cpu:.2f} | {off_cpu:.2f} | {on_cpu / off_cpu:.3f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.bench.metrics_cost",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=4.0,
+                        help="measured seconds per scenario and gateway (default 4)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations (default 2)")
+    parser.add_argument("--out", default="metrics-cost.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 10:
+        parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
+    if (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {CLIENT_CORE})
+    tmp = Path(tempfile.mkdtemp(prefix="gw-metrics-cost-"))
+    rport = free_port()
+    procs = []
+    try:
+        replica = start(["sim", "--dialect", "vllm", "--profile", "instant", "--port", str(rport),
+                         "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
+                        tmp / "replica.log")
+        procs.append(replica)
+        wait_ready(f"http://{HOST}:{rport}/health", replica)
+        ports, pids = {}, {}
+        for target, enabled in (("on", True), ("off", False)):
+            config = tmp / f"gateway-{target}.yaml"
+            config.write_text(json.dumps({"metrics": enabled, "models": [
+                {"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}", "engine": "vllm"}]}]}))
+            ports[target] = free_port()
+            gateway = start(["serve", "--config", str(config), "--port", str(ports[target]),
+                             "--log-level", "warning"], GATEWAY_CORE, tmp / f"gateway-{target}.log")
+            procs.append(gateway)
+            wait_ready(f"http://{HOST}:{ports[target]}/ready", gateway)
+            pids[target] = gateway.pid
+        res = asyncio.run(measure(ports, pids, args.duration, args.rounds))
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(table(res))
+    print(f"\nwritten: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Scheduling benchmark: every balancing policy, and two peer routers, on three workloads.
+
+    python -m gateway.bench.scheduling [--requests N] [--workloads W1 W2 W3] [--rows ...]
+        [--router-venv DIR] [--out scheduling.json] [--markdown scheduling.md]
+
+Four simulated vLLM replicas of the calibrated profile (``llama3-8b-a100``, continuous
+batching, prefix cache on) on loopback; in front of them, one row at a time, our gateway
+with each policy, then sglang-router (cache_aware) and vllm-router (cache_aware,
+power_of_two) when they are installed in ``--router-venv`` (``pip install sglang-router
+vllm-router`` there: they are not dependencies of the product). Every row of a workload gets
+the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
+
+- **W1 mixed lengths**: 85% short prompts (100-400 tokens, 50-200 out), 15% long ones
+  (3k-6k tokens, 100-300 out), Poisson at 80% of round robin's saturation.
+- **W2 shared prefixes**: 16 system prompts of 2,000 tokens, popularity Zipf(1) (the most
+  popular takes ~30% of traffic), each followed by a 50-300-token user part, 50-200 out;
+  the replicas' KV cache (and so prefix cache) holds 24,000 tokens, less than the 32,000
+  all prefixes need; 80% of round robin's saturation.
+- **W3 both, with bursts**: half W1 requests, half W2, on W2's replicas; the arrival rate
+  alternates every 10 simulated seconds between 50% and 110% of round robin's saturation.
+
+Saturation rates (requests/s, 4 replicas) come from running round robin on the same timing
+model in virtual time (``gateway.sim.engine.BatchScheduler``) at overload: W1 47, W2 23.5,
+W3 22.4. ``--speed`` compresses or stretches time per workload (the simulated GPU runs
+``speed`` times real time); TTFTs are reported in simulated seconds (wall x speed), which is
+what the same GPUs would show. The default speeds keep the streamed tokens/s low enough that
+two CPU cores, not the policy, are never the limit.
+
+Output: a markdown table per workload (TTFT p50/p99, output tokens/s, requests per replica,
+prefix-cache hit rate) and every figure as JSON, plus the issue's targets checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from gateway.bench.loadgen import Request, Target, open_loop
+from gateway.bench.overhead import HOST, ROOT, free_port, stop, wait_ready
+from gateway.bench.report import summarize
+from gateway.bench.workload import synthetic_prompt
+
+MODEL = "m"
+REPLICAS = 4
+MAX_MODEL_LEN = 16384
+REQUEST_TIMEOUT = 300.0
+
+OUR_POLICIES = ("round_robin", "least_requests", "least_outstanding_tokens", "least_expected_work")
+PEER_ROUTERS = {  # row -> (console script in the router venv, its policy)
+    "sglang-router cache_aware": ("sglang-router", "cache_aware"),
+    "vllm-router cache_aware": ("vllm-router", "cache_aware"),
+    "vllm-router power_of_two": ("vllm-router", "power_of_two"),
+}
+DEFAULT = "least_expected_work"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    saturation: float            # round robin's, requests/s in simulated time
+    load: float                  # share of saturation (W3: the mean of its two phases)
+    kv_capacity_tokens: int | None
+    speed: float
+
+
+WORKLOADS = {
+    "W1": Workload("W1", "mixed lengths", 47.0, 0.8, None, 0.5),
+    "W2": Workload("W2", "shared prefixes", 23.5, 0.8, 24000, 1.0),
+    "W3": Workload("W3", "both, bursts 50%/110%", 22.4, 0.8, 24000, 1.0),
+}
+BURST_PERIOD = 10.0  # simulated seconds per phase
+PREFIXES, PREFIX_TOKENS = 16, 2000
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules: seeded requests and arrival times (simulated seconds)
+
+def _mixed(rng: random.Random) -> Request:
+    if rng.random() < 0.15:
+        prompt, out, tag = rng.randint(3000, 6000), rng.randint(100, 300), "long"
+    else:
+        prompt, out, tag = rng.randint(100, 400), rng.randint(50, 200), "short"
+    return Request(prompt=synthetic_prompt(prompt, rng), max_tokens=out, tag=tag)
+
+
+def _shared(rng: random.Random, prefixes: list[str]) -> Request:
+    k = rng.choices(range(len(prefixes)), [1 / (i + 1) for i in range(len(prefixes))])[0]
+    suffix = synthetic_prompt(rng.randint(50, 300), rng)
+    return Request(prompt=prefixes[k] + suffix, max_tokens=rng.randint(50, 200),
+                   tag=f"prefix{k}")
+
+
+def schedule(w: Workload, n: int, seed: int) -> tuple[list[Request], list[float]]:
+    """The same requests and arrivals for every row of a workload."""
+    rng = random.Random(seed)
+    prefixes = [synthetic_prompt(PREFIX_TOKENS, random.Random(f"prefix-{seed}-{k}"))
+                for k in range(PREFIXES)]
+    requests, arrivals, t = [], [], 0.0
+    mean_rate = w.saturation * w.load
+    for _ in range(n):
+        rate = mean_rate
+        if w.name == "W3":  # 50% and 110% of saturation, alternating
+            rate = w.saturation * (0.5 if int(t // BURST_PERIOD) % 2 == 0 else 1.1)
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+        if w.name == "W1" or (w.name == "W3" and rng.random() < 0.5):
+            requests.append(_mixed(rng))
+        else:
+            requests.append(_shared(rng, prefixes))
+    return requests, arrivals
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def replicas(w: Workload, tmp: Path) -> Iterator[list[str]]:
+    """Four fresh simulated replicas (empty caches); yields their URLs."""
+    procs, urls = [], []
+    try:
+        for i in range(REPLICAS):
+            port = free_port()
+            args = ["sim", "--dialect", "vllm", "--profile", "llama3-8b-a100", "--port", str(port),
+                    "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--speed",
+                    str(w.speed), "--prefix-cache"]
+            if w.kv_capacity_tokens:
+                args += ["--kv-capacity-tokens", str(w.kv_capacity_tokens)]
+            procs.append(_spawn([sys.executable, "-m", "gateway", *args], tmp / f"sim{i}.log"))
+            urls.append(f"http://{HOST}:{port}")
+        for url, proc in zip(urls, procs):
+            wait_ready(f"{url}/health", proc)
+        yield urls
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def _row_settings(row: str) -> tuple[str, dict[str, float]]:
+    """``least_expected_work:prefix_weight=0,signals_weight=0`` -> policy and overrides."""
+    policy, _, spec = row.partition(":")
+    overrides = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        overrides[key.strip()] = float(value)
+    return policy, overrides
+
+
+@contextlib.contextmanager
+def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
+    """The row's router in front of ``urls``; yields its base URL."""
+    port = free_port()
+    if row in PEER_ROUTERS:
+        script, policy = PEER_ROUTERS[row]
+        cmd = [str(venv / "bin" / script)]
+        if script == "sglang-router":
+            cmd.append("launch")
+        cmd += ["--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *urls]
+        ready = f"http://{HOST}:{port}/v1/models"
+    else:
+        policy, overrides = _row_settings(row)
+        config = tmp / "gateway.yaml"
+        config.write_text(json.dumps({  # JSON is YAML
+            "models": [{"name": MODEL, "max_model_len": MAX_MODEL_LEN,
+                        "replicas": [{"url": u, "engine": "vllm"} for u in urls]}],
+            "balancer": policy, "scheduling": overrides,
+        }))
+        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
+               "--port", str(port), "--log-level", "warning"]
+        ready = f"http://{HOST}:{port}/ready"
+    proc = _spawn(cmd, tmp / f"router-{port}.log")
+    try:
+        wait_ready(ready, proc, timeout=60)
+        yield f"http://{HOST}:{port}"
+    finally:
+        stop(proc)
+
+
+def unavailable(row: str, venv: Path) -> str | None:
+    """Why a peer router's row cannot run here (None: it can)."""
+    if row not in PEER_ROUTERS:
+        return None
+    script = venv / "bin" / PEER_ROUTERS[row][0]
+    if not script.exists():
+        return (f"{script} not found: install it with `python -m venv {venv} && "
+                f"{venv}/bin/pip install sglang-router vllm-router`")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One row
+
+def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
+            venv: Path) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"gw-sched-{w.name}-"))
+    with replicas(w, tmp) as urls, router(row, urls, tmp, venv) as url:
+        target = Target(url, api="openai", endpoint="/v1/completions", stream=True, model=MODEL)
+        wall_arrivals = [a / w.speed for a in arrivals]
+        started = time.monotonic()
+        run = asyncio.run(open_loop(target, requests, wall_arrivals, timeout=REQUEST_TIMEOUT))
+        elapsed = time.monotonic() - started
+        states = [_get_json(f"{u}/sim/state") for u in urls]
+    overall = summarize(run)["overall"]
+    ttft = overall.get("ttft_ms") or {}
+    per_replica = [s["completed_total"] + s["aborted_total"] for s in states]
+    prompt = sum(s["prompt_tokens_total"] for s in states)
+    hits = sum(s["prefix_cache_hit_tokens"] for s in states)
+    return {
+        "row": row, "requests": overall["requests"], "ok": overall["ok"],
+        "errors": overall["errors"],
+        # simulated seconds: what the same GPUs would show at speed 1
+        "ttft_p50_s": _sim_s(ttft.get("p50"), w.speed), "ttft_p99_s": _sim_s(ttft.get("p99"), w.speed),
+        "ttft_p99_long_s": _sim_s(_p99_ms([r for r in run.records if r.tag == "long"]), w.speed),
+        "output_tokens_per_s": round(overall["output_tokens_per_s"] / w.speed, 1)
+        if overall["output_tokens_per_s"] else None,
+        "requests_per_replica": per_replica,
+        "prefix_cache_hit_rate": round(hits / prompt, 3) if prompt else None,
+        "wall_s": round(elapsed, 1), "logs": str(tmp),
+    }
+
+
+def _sim_s(ms: float | None, speed: float) -> float | None:
+    return None if ms is None else round(ms / 1e3 * speed, 3)
+
+
+def _p99_ms(records: list) -> float | None:
+    from gateway.bench.report import distribution_ms
+    values = [r.ttft for r in records if r.ok and r.ttft is not None]
+    return distribution_ms(values)["p99"] if values else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+def check_targets(name: str, rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets for one workload, each line starting with PASS or FAIL."""
+    ran = {r["row"]: r for r in rows if r.get("ttft_p99_s") is not None}
+    ours = ran.get(DEFAULT)
+    if ours is None:
+        return [f"FAIL {name}: no {DEFAULT} row"]
+    out = []
+    best = min(ran.values(), key=lambda r: r["ttft_p99_s"])
+    out.append(f"{'PASS' if best['row'] == DEFAULT else 'FAIL'} {name}: lowest TTFT p99 "
+               f"({ours['ttft_p99_s']} s; best other "
+               f"{min((r['ttft_p99_s'] for r in ran.values() if r is not ours), default=None)} s)")
+    rr = ran.get("round_robin")
+    if rr and rr["output_tokens_per_s"] and ours["output_tokens_per_s"]:
+        ok = ours["output_tokens_per_s"] >= 0.98 * rr["output_tokens_per_s"]  # same offered load
+        out.append(f"{'PASS' if ok else 'FAIL'} {name}: throughput {ours['output_tokens_per_s']} "
+                   f">= round robin's {rr['output_tokens_per_s']} (within 2% run noise)")
+    lot = ran.get("least_outstanding_tokens")
+    if name == "W1" and lot:
+        ok = ours["ttft_p99_s"] <= 1.1 * lot["ttft_p99_s"]
+        out.append(f"{'PASS' if ok else 'FAIL'} W1: within 10% of least_outstanding_tokens "
+                   f"({ours['ttft_p99_s']} vs {lot['ttft_p99_s']} s)")
+    if name == "W2":
+        fair = sum(ours["requests_per_replica"]) / len(ours["requests_per_replica"])
+        ok = min(ours["requests_per_replica"]) >= fair / 2
+        out.append(f"{'PASS' if ok else 'FAIL'} W2: every replica >= half its fair share "
+                   f"({ours['requests_per_replica']})")
+        peers = [r for r in ran.values() if "cache_aware" in r["row"]]
+        if peers:
+            best_peer = min(peers, key=lambda r: r["ttft_p99_s"])
+            ok = ours["ttft_p99_s"] <= best_peer["ttft_p99_s"]
+            out.append(f"{'PASS' if ok else 'FAIL'} W2: at least as good as the best "
+                       f"prefix-aware router ({best_peer['row']}: {best_peer['ttft_p99_s']} s)")
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = []
+    for name, res in results["workloads"].items():
+        w = WORKLOADS[name]
+        lines += [f"**{name} {w.title}** ({res['requests']} requests, "
+                  f"{res['mean_rate']:.1f} req/s mean, speed {w.speed:g})", "",
+                  "| row | TTFT p50 s | TTFT p99 s | output tok/s | requests per replica "
+                  "| prefix hit |", "|---|---:|---:|---:|---|---:|"]
+        for r in res["rows"]:
+            if "unavailable" in r:
+                lines.append(f"| {r['row']} | unavailable: {r['unavailable']} | | | | |")
+                continue
+            errors = f" ({sum(r['errors'].values())} errors)" if r["errors"] else ""
+            hit = r["prefix_cache_hit_rate"]
+            lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {r['ttft_p99_s']} | "
+                         f"{r['output_tokens_per_s']} | {'/'.join(map(str, r['requests_per_replica']))}"
+                         f" | {'' if hit is None else f'{hit:.0%}'} |")
+        lines += [""] + [f"- {t}" for t in res["targets"]] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.bench.scheduling",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--rows", nargs="+", default=[*OUR_POLICIES, *PEER_ROUTERS],
+                        help="policies of ours (optionally `policy:key=value,...` with "
+                             "scheduling weights, for ablations) and peer router rows")
+    parser.add_argument("--requests", type=int, default=800, help="per workload and row")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--router-venv", type=Path, default=Path(os.environ.get(
+        "BENCH_VENV", "/work/bench-venv")), help="venv holding sglang-router and vllm-router")
+    parser.add_argument("--out", type=Path, default=Path("scheduling.json"))
+    parser.add_argument("--markdown", type=Path, default=Path("scheduling.md"))
+    args = parser.parse_args(argv)
+
+    results: dict[str, Any] = {"workloads": {}, "command": " ".join(sys.argv)}
+    for name in args.workloads:
+        w = WORKLOADS[name]
+        requests, arrivals = schedule(w, args.requests, args.seed)
+        res = {"requests": len(requests), "mean_rate": len(arrivals) / arrivals[-1], "rows": []}
+        results["workloads"][name] = res
+        for row in args.rows:
+            why = unavailable(row, args.router_venv)
+            if why:
+                res["rows"].append({"row": row, "unavailable": why})
+                continue
+            print(f"{name} {row} ...", file=sys.stderr, flush=True)
+            try:
+                r = run_row(w, row, requests, arrivals, args.router_venv)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                r = {"row": row, "unavailable": f"failed to run: {exc}"}
+            res["rows"].append(r)
+            print(f"  {r}", file=sys.stderr, flush=True)
+        res["targets"] = check_targets(name, res["rows"])
+        args.out.write_text(json.dumps(results, indent=2))
+    text = markdown(results)
+    args.markdown.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

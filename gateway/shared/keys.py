@@ -1,0 +1,64 @@
+"""Where everything the gateway shares through Redis lives: one prefix, one layout.
+
+Every key starts with the configurable prefix (default ``llm-gateway:``), so several
+gateways (or several environments) can share one Redis without seeing each other. For Redis
+Cluster put a hash tag in the prefix (``{llm-gateway}:``): the sync scripts touch several keys
+and need them in one slot.
+
+=====================================  ======  =========================================
+key                                    type    what
+=====================================  ======  =========================================
+``{p}instances``                       zset    live gateway instances; score = heartbeat
+                                               expiry (Redis server clock, ms)
+``{p}load:{instance}``                 hash    that instance's own load: replica ->
+                                               ``"<outstanding_tokens> <in_flight>"``
+                                               (non-zero replicas only; expires with the
+                                               instance's heartbeat)
+``{p}replica:ejected_until``           hash    replica -> wall-clock end of its outlier
+                                               ejection (merged by max)
+``{p}replica:draining``                hash    replica -> ``"1"``/``"0"`` (admin drain;
+                                               persists until undrained)
+``{p}canary:sticky:{key}``             string  reserved: pool a sticky canary key went to
+                                               (SET with EX = stickiness window)
+``{p}ratelimit:{scope}:{id}:{window}`` string  reserved: request/token counter of one
+                                               fixed window (INCRBY + EXPIRE)
+=====================================  ======  =========================================
+
+Replica *health* is deliberately not shared: every instance probes every replica itself,
+and a replica reachable from one instance but not another must stay usable where it works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SharedKeys:
+    prefix: str = "llm-gateway:"
+
+    @property
+    def instances(self) -> str:
+        return f"{self.prefix}instances"
+
+    @property
+    def load_prefix(self) -> str:
+        return f"{self.prefix}load:"
+
+    def load(self, instance: str) -> str:
+        return f"{self.load_prefix}{instance}"
+
+    @property
+    def replica_ejected_until(self) -> str:
+        return f"{self.prefix}replica:ejected_until"
+
+    @property
+    def replica_draining(self) -> str:
+        return f"{self.prefix}replica:draining"
+
+    # Reserved for features not built yet; named here so the layout stays in one place.
+    def canary_sticky(self, sticky_key: str) -> str:
+        return f"{self.prefix}canary:sticky:{sticky_key}"
+
+    def rate_limit(self, scope: str, identity: str, window: int) -> str:
+        return f"{self.prefix}ratelimit:{scope}:{identity}:{window}"

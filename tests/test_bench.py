@@ -1,0 +1,324 @@
+"""`llm-gateway bench` and its load generator, against real simulated replicas and the demo.
+
+The load generator's token counts must agree with the engine's own counters for the same run
+(``/sim/state`` and the engine's Prometheus counters), directly and through the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.bench import report
+from gateway.bench.overhead import stop
+from gateway.bench.loadgen import (CONNECT, DISCONNECTED, TIMEOUT, Request, Target, closed_loop,
+                                   open_loop, poisson_arrivals)
+from gateway.bench.workload import Lengths, load_dataset, synthetic_requests
+from tests.support import ROOT, free_port, sim
+
+FLAGS = ["--stream", "--concurrency", "4,8", "--requests", "24", "--prompt-tokens", "uniform:8:40",
+         "--output-tokens", "uniform:4:24", "--seed", "3", "--no-progress"]
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway", "bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def state(url: str) -> dict:
+    return httpx.get(url + "/sim/state", timeout=5).json()
+
+
+def counter(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def totals(result: dict) -> tuple[int, int, int]:
+    levels = [level["overall"] for level in result["levels"]]
+    return (sum(s["ok"] for s in levels), sum(s["prompt_tokens"] for s in levels),
+            sum(s["output_tokens"] for s in levels))
+
+
+# --- against one simulated replica ------------------------------------------------------------
+
+@pytest.mark.parametrize("dialect,extra", [
+    ("vllm", []), ("vllm", ["--endpoint", "/v1/chat/completions"]),
+    ("tgi", ["--api", "tgi"]),
+])
+def test_token_counts_agree_with_the_engine_counters(tmp_path: Path, dialect: str,
+                                                     extra: list[str]) -> None:
+    with sim(dialect, "m", 4096, "--profile", "paced", "--ttft-ms", "2", "--itl-ms", "1") as url:
+        for stream in (True, False):
+            flags = FLAGS if stream else [f for f in FLAGS if f != "--stream"]
+            before = state(url)
+            out = tmp_path / f"{stream}.json"
+            done = bench(url, *flags, *extra, "--json", str(out))
+            assert done.returncode == 0, done.stderr
+            result = json.loads(out.read_text())
+            after = state(url)
+            ok, prompt, output = totals(result)
+            assert ok == 48 and all(not l["overall"]["errors"] for l in result["levels"])
+            assert output == after["generation_tokens_total"] - before["generation_tokens_total"]
+            assert prompt == after["prompt_tokens_total"] - before["prompt_tokens_total"]
+            assert after["completed_total"] - before["completed_total"] == 48
+            if stream:
+                s = result["levels"][0]["overall"]
+                assert s["ttft_ms"]["p50"] > 0 and s["itl_ms"]["samples"] > 0
+                assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p90"] <= s["ttft_ms"]["p99"]
+            assert "| concurrency 4 |" in done.stdout and "| concurrency 8 |" in done.stdout
+        if dialect == "vllm":  # the engine's Prometheus counter saw the same tokens
+            assert counter(url, "vllm:generation_tokens_total") == state(url)["generation_tokens_total"]
+
+
+def test_streamed_event_count_equals_usage() -> None:
+    """Without usage (a server that sends none) the counted events give the same figure."""
+    async def go(url: str) -> None:
+        requests = synthetic_requests(20, Lengths.parse("16"), Lengths.parse("uniform:1:30"), seed=5)
+        with_usage = await closed_loop(Target(url, stream=True, model="m"), requests, users=5)
+        without = await closed_loop(Target(url, stream=True, model="m",
+                                           extra_body={"stream_options": {"include_usage": False}}),
+                                    requests, users=5)
+        for a, b, r in zip(with_usage.records, without.records, requests):
+            assert a.ok and b.ok
+            assert a.output_tokens == b.output_tokens == b.events == r.max_tokens
+            assert a.prompt_tokens == 17 and b.prompt_tokens is None  # 16 words + BOS
+
+    with sim("vllm", "m", 4096, "--profile", "instant") as url:
+        asyncio.run(go(url))
+
+
+# --- through the gateway: the demo, with the same flags --------------------------------------
+
+def test_bench_against_the_demo_agrees_with_every_replica(tmp_path: Path) -> None:
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "gateway", "demo", "--port", str(port),
+                             "--no-examples", "--duration", "90"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        replicas: dict[str, str] = {}
+        deadline = time.monotonic() + 60
+        for line in demo.stdout:  # type: ignore[union-attr]
+            m = re.match(r"\s+(gpu\d+-\w+)\s+(http://127\.0\.0\.1:\d+)", line)
+            if m:
+                replicas[m.group(1)] = m.group(2)
+            if line.startswith("Serving") or time.monotonic() > deadline:
+                break
+        assert len(replicas) == 4, replicas
+        before = {name: state(url) for name, url in replicas.items()}
+        out = tmp_path / "demo.json"
+        done = bench(f"http://127.0.0.1:{port}", *FLAGS, "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        result = json.loads(out.read_text())
+        ok, prompt, output = totals(result)
+        assert ok == 48
+        generated = {n: state(u)["generation_tokens_total"] - before[n]["generation_tokens_total"]
+                     for n, u in replicas.items()}
+        prompted = {n: state(u)["prompt_tokens_total"] - before[n]["prompt_tokens_total"]
+                    for n, u in replicas.items()}
+        assert output == sum(generated.values()) and prompt == sum(prompted.values())
+        # per replica, as named by the gateway's x-gateway-replica header
+        seen = {name: 0 for name in replicas}
+        for level in result["levels"]:
+            assert set(level["by_pool"]) == {"default"}
+            for name, s in level["by_replica"].items():
+                seen[name] += s["output_tokens"]
+        assert seen == generated
+        assert sum(1 for v in seen.values() if v) >= 2  # the load was spread
+        assert "replica:" in done.stdout and "gpu0-vllm" in done.stdout
+    finally:
+        stop(demo)
+
+
+# --- load shapes, errors ---------------------------------------------------------------------
+
+def test_open_loop_sends_on_the_seeded_schedule() -> None:
+    arrivals = poisson_arrivals(40.0, 30, seed=7)
+    assert arrivals == poisson_arrivals(40.0, 30, seed=7) != poisson_arrivals(40.0, 30, seed=8)
+    assert all(b > a for a, b in zip(arrivals, arrivals[1:]))
+
+    async def go(url: str) -> None:
+        requests = [Request(prompt=" hello" * 4, max_tokens=3, tag="t")]
+        run = await open_loop(Target(url, stream=True, model="m"), requests, arrivals,
+                              duration=arrivals[19] + 1e-6)
+        assert len(run.records) == 20 and all(r.ok and r.tag == "t" for r in run.records)
+        for record, offset in zip(run.records, arrivals):
+            assert record.due == pytest.approx(run.started + offset)
+            assert record.sent >= record.due - 1e-3 and record.output_tokens == 3
+
+    with sim("vllm", "m", 4096, "--profile", "paced", "--ttft-ms", "5", "--itl-ms", "2") as url:
+        asyncio.run(go(url))
+
+
+def test_errors_are_counted_by_kind() -> None:
+    async def go(url: str, closed_port: int) -> None:
+        requests = [Request(prompt=" hello", max_tokens=8)]
+        # an engine that stalls after 2 tokens: the request times out, with the 2 tokens seen
+        httpx.post(url + "/sim/faults", json={"stall_after": 2}, timeout=5)
+        run = await closed_loop(Target(url, stream=True, model="m"), requests, 2, max_requests=2,
+                                timeout=0.5)
+        assert [r.error for r in run.records] == [TIMEOUT, TIMEOUT]
+        assert all(r.events == 2 for r in run.records)
+        httpx.post(url + "/sim/faults", json={"stall_after": None, "drop_after": 3}, timeout=5)
+        run = await closed_loop(Target(url, stream=True, model="m"), requests, 1, max_requests=2)
+        assert [r.error for r in run.records] == [DISCONNECTED, DISCONNECTED]
+        httpx.post(url + "/sim/faults", json={"drop_after": None, "error_rate": 1.0,
+                                              "error_status": 503}, timeout=5)
+        run = await closed_loop(Target(url, model="m"), requests, 1, max_requests=3)
+        assert [r.error for r in run.records] == ["http_503"] * 3
+        run = await closed_loop(Target(f"http://127.0.0.1:{closed_port}", model="m"), requests,
+                                1, max_requests=2, timeout=2)
+        assert [r.error for r in run.records] == [CONNECT, CONNECT]
+        s = report.summarize(run)["overall"]
+        assert s["errors"] == {"connect": 2} and s["ok"] == 0
+
+    with sim("vllm", "m", 4096, "--profile", "paced", "--ttft-ms", "1", "--itl-ms", "1") as url:
+        asyncio.run(go(url, free_port()))
+
+
+def test_context_overflow_is_an_http_400_through_the_cli() -> None:
+    with sim("vllm", "m", 256, "--profile", "instant") as url:
+        done = bench(url, "--requests", "3", "--prompt-tokens", "300", "--no-progress")
+        assert done.returncode == 1  # every request failed
+        assert "http_400 3" in done.stdout
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+def test_help_names_every_option() -> None:
+    done = subprocess.run([sys.executable, "-m", "gateway", "bench", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    for option in ("--api", "--endpoint", "--stream", "--model", "--concurrency", "--rate",
+                   "--requests", "--duration", "--prompt-tokens", "--output-tokens", "--dataset",
+                   "--json", "--plot", "--progress", "--timeout", "uniform:LO:HI"):
+        assert option in done.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--concurrency", "0"], "positive"),
+    (["--rate", "x"], "comma-separated"),
+    (["--prompt-tokens", "uniform:9:3"], "bad length"),
+    (["--concurrency", "2", "--rate", "2"], "not allowed with"),
+    (["--requests", "0", "--model", "m"], "--requests"),
+    (["--api", "tgi", "--dataset", "/nonexistent.jsonl"], "No such file"),
+])
+def test_bad_arguments_are_clear_errors(args: list[str], message: str) -> None:
+    done = bench("http://127.0.0.1:9", *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_progress_json_plot_and_a_dataset(tmp_path: Path) -> None:
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "the quick brown fox", "max_tokens": 5, "tag": "a"},
+        {"messages": [{"role": "user", "content": "hello world"}], "max_tokens": 7},
+        {"inputs": "a cat", "max_new_tokens": 3}]) + "\n")
+    with sim("tgi", "m", 4096, "--profile", "paced", "--ttft-ms", "2", "--itl-ms", "1") as url:
+        before = state(url)
+        done = bench(url, "--api", "tgi", "--stream", "--rate", "50,100", "--requests", "6",
+                     "--dataset", str(dataset), "--progress", "--json", str(tmp_path / "r.json"),
+                     "--plot", str(tmp_path / "r.png"))
+        assert done.returncode == 0, done.stderr
+        result = json.loads((tmp_path / "r.json").read_text())
+        assert [l["rate"] for l in result["levels"]] == [50, 100]
+        assert totals(result)[2] == 4 * (5 + 7 + 3) == (state(url)["generation_tokens_total"]
+                                                        - before["generation_tokens_total"])
+        assert "rate 50/s:" in done.stderr and "12 done" not in done.stderr  # per level
+        assert "6/6 done" in done.stderr
+        assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    summary = {"overall": {"e2e_ms": {"p50": 1.0, "p99": 2.0}, "output_tokens_per_s": 1.0,
+                           "requests_per_s": 1.0}}
+    message = report.plot([(1, summary)], str(tmp_path / "x.png"), "users")
+    assert "matplotlib is not installed" in message and not (tmp_path / "x.png").exists()
+
+
+# --- workload and statistics -----------------------------------------------------------------
+
+def test_lengths_and_synthetic_prompts() -> None:
+    rng = random.Random(0)
+    assert Lengths.parse("7").sample(rng) == 7
+    assert all(3 <= Lengths.parse("uniform:3:5").sample(rng) <= 5 for _ in range(100))
+    assert all(Lengths.parse("normal:2:50").sample(rng) >= 1 for _ in range(100))
+    assert str(Lengths.parse("exp:20")) == "exp:20"
+    for bad in ("0", "uniform:5", "normal:-1:2", "zipf:3", "exp:0", ""):
+        with pytest.raises(ValueError, match="bad length"):
+            Lengths.parse(bad)
+    a = synthetic_requests(5, Lengths.parse("10"), Lengths.parse("3"), seed=1)
+    assert a == synthetic_requests(5, Lengths.parse("10"), Lengths.parse("3"), seed=1)
+    assert len({r.prompt for r in a}) == 5 and all(len(r.prompt.split()) == 10 for r in a)
+
+
+def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    for content, message in [("{\"prompt\": \"x\"}\nnot json\n", ":2: not JSON"),
+                             ("[1]\n", ":1: each line must be a JSON object"),
+                             ("{\"text\": \"x\"}\n", ":1: needs a string 'prompt'"),
+                             ("{\"prompt\": \"x\", \"max_tokens\": 0}\n", "positive integer"),
+                             ("{\"messages\": []}\n", "non-empty list"),
+                             ("\n", "no requests")]:
+        path.write_text(content)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_dataset(path, Lengths.parse("4"))
+
+
+def test_percentiles_and_inter_token_gaps() -> None:
+    assert report.percentile([], 50) is None
+    assert report.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert report.percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    from gateway.bench.loadgen import Record
+    r = Record(index=0, due=0.0, chunks=[(1.0, 1), (1.5, 1), (2.5, 4)])
+    assert report.inter_token_gaps(r) == [0.5, 0.25, 0.25, 0.25, 0.25]
+
+
+# --- the suite --------------------------------------------------------------------------------
+
+def test_the_suite_runs_end_to_end_and_writes_json_and_markdown(tmp_path: Path) -> None:
+    """Tiny bounds: this checks the plumbing, not the figures (those are the suite's job)."""
+    done = subprocess.run([sys.executable, "-m", "gateway.bench.suite", "--out", str(tmp_path),
+                           "--overhead-seconds", "0.4", "--requests", "16", "--rounds", "1",
+                           "--speed", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "suite.json").read_text())
+    assert set(result["overhead"]) == {"plain_c1", "plain_c64", "plain_c256",
+                                       "stream_c1", "stream_c64", "stream_c256"}
+    for r in result["overhead"].values():
+        assert r["direct"]["requests"] > 0 and r["gateway"]["requests"] > 0
+        assert r["direct"]["errors"] == r["gateway"]["errors"] == 0
+        assert r["gateway"]["gateway_cpu_us_per_request"] > 0
+    policies = result["balancing"]["policies"]
+    assert set(policies) == {"least_outstanding_tokens", "least_requests", "round_robin"}
+    for p in policies.values():
+        assert p["all"]["ok"] == 16 and not p["all"]["errors"] and p["finish_s"] > 0
+        assert p["short"]["ok"] + p["long"]["ok"] == 16
+    markdown = (tmp_path / "suite.md").read_text()
+    assert "## Overhead" in markdown and "## Balancing" in markdown
+    assert "least_outstanding_tokens vs round_robin, TTFT p99" in markdown
+
+
+def test_heterogeneous_workload_and_simulated_time() -> None:
+    from gateway.bench.suite import heterogeneous_requests, simulated
+    requests = heterogeneous_requests(400, seed=1)
+    assert requests == heterogeneous_requests(400, seed=1)
+    long_ = [r for r in requests if r.tag == "long"]
+    assert 0.1 < len(long_) / len(requests) < 0.2
+    assert all(300 <= r.max_tokens <= 800 and 3000 <= len(r.prompt.split()) <= 6000 for r in long_)
+    summary = {"wall_s": 2.0, "requests_per_s": 10.0, "output_tokens_per_s": 100.0,
+               "ttft_ms": {"p50": 5.0, "samples": 7}}
+    assert simulated(summary, 4) == {"wall_s": 8.0, "requests_per_s": 2.5,
+                                     "output_tokens_per_s": 25.0,
+                                     "ttft_ms": {"p50": 20.0, "samples": 7}}

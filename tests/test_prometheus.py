@@ -1,0 +1,232 @@
+"""The dashboards, proven against a real Prometheus.
+
+A real ``prometheus`` (Debian's package) scrapes a real gateway (uvicorn on loopback) and the
+simulated replicas behind it, with the shipped ``deploy/prometheus.yml`` (targets and interval
+swapped for the test's), while the test drives traffic: OpenAI streamed and not, TGI, gateway
+rejections, engine errors with retries, and requests queued for a slot. Then every PromQL
+expression of every panel of every dashboard runs through Prometheus's HTTP query API and
+must return data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import math
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from support import ROOT, free_port, running, sim, wait_ready
+
+DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
+MODEL = "sim-model"
+PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "15")
+RATE_WINDOW = "1m"  # $__rate_interval: the whole test's traffic lies inside it
+
+# No skip when it is missing: .ci/run installs it (Debian's `prometheus` package).
+assert shutil.which("prometheus") and shutil.which("promtool"), "apt-get install prometheus"
+
+
+def panels(board: dict) -> Iterator[dict]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # collapsed rows hold their panels
+
+
+def expressions() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expr) of every target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        for panel in panels(json.loads(path.read_text())):
+            for target in panel.get("targets", []):
+                out.append((path.name, panel["title"], target["expr"]))
+    return out
+
+
+def substitute(expr: str) -> str:
+    """What Grafana sends for model = our model, pool = All."""
+    values = {"model": MODEL, "pool": ".*", "__rate_interval": RATE_WINDOW}
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
+
+
+# --- static checks: the shipped files ---
+
+def test_promtool_accepts_the_shipped_config() -> None:
+    result = subprocess.run(["promtool", "check", "config", str(PROMETHEUS_CONFIG)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboards_use_a_datasource_variable_never_a_fixed_uid() -> None:
+    assert {p.name for p in DASHBOARDS} == {"overview.json", "comparison.json"}
+    uids = set()
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        uids.add(board["uid"])
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        assert {"model", "pool"} <= set(variables)
+        ids = [p["id"] for p in panels(board)]
+        assert len(ids) == len(set(ids))
+        for panel in panels(board):
+            if panel["type"] == "row":
+                continue
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                assert target["datasource"]["uid"] == "${datasource}"
+                assert "llm_gateway_" in target["expr"]
+        for var in variables.values():
+            if var["type"] == "query":
+                assert var["datasource"]["uid"] == "${datasource}"
+    assert len(uids) == len(DASHBOARDS)
+
+
+# --- live: Prometheus scraping the gateway under traffic ---
+
+@contextlib.contextmanager
+def prometheus(tmp: Path, gateway: str, engines: list[str]) -> Iterator[str]:
+    """The shipped scrape config with the test's targets, scraped every second."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    jobs["llm-gateway"]["static_configs"] = [{"targets": [gateway.split("//")[1]]}]
+    jobs["llm-engines"]["static_configs"] = [{"targets": [e.split("//")[1] for e in engines]}]
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/-/ready", timeout=60, proc=proc)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def query(prom: str, expr: str) -> list[dict[str, Any]]:
+    reply = httpx.get(prom + "/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert reply["status"] == "success", (expr, reply)
+    return reply["data"]["result"]
+
+
+def drive(gw: str, replicas: dict[str, str]) -> None:
+    """One round of every kind of traffic the dashboards show."""
+    client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Tell me about gateways."}]
+
+    def openai_request(i: int) -> None:
+        if i % 3 == 0:
+            client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
+        else:
+            list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                                stream=True))
+
+    def tgi_request(i: int) -> None:
+        route = "/generate_stream" if i % 2 else "/generate"
+        r = httpx.post(gw + route, json={"inputs": "Hello", "parameters": {"max_new_tokens": 8}},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+
+    # More concurrent requests than slots (3 replicas x 2): some wait in the gateway's queue.
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        list(pool.map(openai_request, range(20)))
+        list(pool.map(tgi_request, range(4)))
+    # Rejections by the gateway itself.
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1_000_000)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=1)
+    assert httpx.post(gw + "/v1/completions", content=b"{not json").status_code == 400
+    # An engine failing: 5xx and retries on another replica (clients still get answers).
+    httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 1.0}).raise_for_status()
+    try:
+        for i in range(6):
+            openai_request(i)
+    finally:
+        httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 0.0})
+
+
+def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
+    with sim("vllm", MODEL, 4096, *PACED) as vllm_a, sim("vllm", MODEL, 4096, *PACED) as vllm_b, \
+            sim("tgi", MODEL, 4096, *PACED) as tgi:
+        replicas = {"vllm-a": vllm_a, "vllm-b": vllm_b, "tgi-c": tgi}
+        config = {
+            "models": [{"name": MODEL, "pools": [
+                {"name": "stable", "weight": 50,
+                 "replicas": [{"url": vllm_a, "engine": "vllm", "name": "vllm-a"},
+                              {"url": vllm_b, "engine": "vllm", "name": "vllm-b"}]},
+                {"name": "canary", "weight": 50,
+                 "replicas": [{"url": tgi, "engine": "tgi", "name": "tgi-c"}]}]}],
+            "default_model": MODEL,
+            "health": {"interval": 0.5, "timeout": 1.0},
+            "backpressure": {"max_in_flight_per_replica": 2},
+        }
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        gw = f"http://127.0.0.1:{port}"
+        with running(["serve", "--config", str(path), "--port", str(port), "--log-level",
+                      "warning"], gw + "/ready"), \
+                prometheus(tmp_path, gw, list(replicas.values())) as prom:
+            # Two rounds with scrapes in between, so rate() sees every series increase.
+            for _ in range(2):
+                drive(gw, replicas)
+                time.sleep(2.5)
+            served = _gateway_total(gw, "llm_gateway_requests_total")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # bounded: until Prometheus has the last scrape
+                got = query(prom, "sum(llm_gateway_requests_total)")
+                if got and float(got[0]["value"][1]) == served:
+                    break
+                time.sleep(0.5)
+            else:
+                pytest.fail(f"Prometheus never saw {served} requests")
+            up = query(prom, "up")
+            assert len(up) == 4 and all(r["value"][1] == "1" for r in up), up
+
+            empty, no_number = [], []
+            for board, title, expr in expressions():
+                result = query(prom, substitute(expr))
+                if not result:
+                    empty.append((board, title, expr))
+                elif not any(math.isfinite(float(r["value"][1])) for r in result):
+                    no_number.append((board, title, expr))
+            assert not empty, "panels without data:\n" + "\n".join(map(str, empty))
+            assert not no_number, "panels with only NaN:\n" + "\n".join(map(str, no_number))
+
+            # The template variables' label_values() queries find the model and both pools.
+            for label, match, want in [("model", "llm_gateway_replica_healthy", {MODEL}),
+                                       ("pool", f'llm_gateway_replica_healthy{{model=~"{MODEL}"}}',
+                                        {"stable", "canary"})]:
+                values = httpx.get(f"{prom}/api/v1/label/{label}/values",
+                                   params={"match[]": match}).json()["data"]
+                assert set(values) == want
+
+
+def _gateway_total(gw: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    return sum(s.value for f in text_string_to_metric_families(httpx.get(gw + "/metrics").text)
+               for s in f.samples if s.name == name)
