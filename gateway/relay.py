@@ -27,9 +27,11 @@ from gateway.protocol.request import GenerationRequest
 from gateway.router import Placement
 
 # Response headers of the engine that are not passed on to the client.
-_DROPPED_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate",
-                              "proxy-authorization", "te", "trailer", "transfer-encoding",
-                              "upgrade", "content-length", "content-encoding", "date", "server"})
+# (Bytes, as aiohttp's raw_headers are. Bodies pass through undecoded, so content-encoding
+# stays; the server writes its own length, framing, date and server headers.)
+_DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
+                              b"proxy-authorization", b"te", b"trailer", b"transfer-encoding",
+                              b"upgrade", b"content-length", b"date", b"server"})
 
 
 @dataclass(slots=True)

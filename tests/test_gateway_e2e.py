@@ -117,6 +117,29 @@ def test_completion_stream_raw_bytes_end_with_done(fleet) -> None:
     assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4}),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True}),
+    ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 4}}),
+    ("/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 4}})])
+def test_response_framing_headers_appear_once(fleet, path: str, body: dict) -> None:
+    """The engine's own length/framing/date/server headers are not passed on next to ours
+    (strict HTTP clients such as aiohttp reject a duplicate Content-Length)."""
+    import http.client
+    import json
+
+    host, port = fleet["gateway"].removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 200
+    for name in ("content-length", "transfer-encoding", "date", "server", "x-request-id"):
+        assert len(response.msg.get_all(name) or []) <= 1, (name, response.getheaders())
+    assert (response.msg.get_all("content-length") or response.msg.get_all("transfer-encoding"))
+    connection.close()
+
+
 def test_context_overflow_is_400_with_code(client: openai.OpenAI,
                                            tokenizer: ModelTokenizer) -> None:
     prompt = "hello " * 1500
