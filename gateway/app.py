@@ -70,14 +70,19 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.settings.upstream_keepalive,
                                            limit_per_host=self.settings.max_connections_per_replica),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        # Probes, discovery and scrapes use their own connections: a replica whose data-plane
+        # pool is full must still answer its health check. A few requests a second per
+        # replica need no keep-alive.
+        self.probe_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.relay = Relay(self.session, self.settings.timeouts, self.metrics, self.outlier)
-        self.health = HealthChecker(self.replicas, self.session, self.settings.health)
-        await asyncio.gather(*(discover_window(self.session, r, self.settings.health.timeout)
+        self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
+        await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
         scheduling = self.settings.scheduling
-        self.signals = SignalScraper(lambda: self.replicas, self.session,
+        self.signals = SignalScraper(lambda: self.replicas, self.probe_session,
                                      lambda name: self.ledger.load(name).in_flight,
                                      scheduling.signals_interval, scheduling.signals_timeout)
         self._tasks.append(asyncio.create_task(self.signals.run(), name="engine-signals"))
@@ -103,7 +108,7 @@ class Gateway:
                           engine=engine, model=model, pool=pool, max_model_len=max_model_len)
         if any(r.name == replica.name for r in self.replicas):
             raise ValueError(f"replica {replica.name!r} exists already")
-        await discover_window(self.session, replica, self.settings.health.timeout)
+        await discover_window(self.probe_session, replica, self.settings.health.timeout)
         replica.healthy = await self.health.check(replica)
         target.replicas.append(replica)
         self.replicas.append(replica)
@@ -142,6 +147,7 @@ class Gateway:
         if self.shared is not None:
             await self.shared.close()
         await self.session.close()
+        await self.probe_session.close()
         self.metrics.close()
 
 
