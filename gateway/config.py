@@ -113,8 +113,9 @@ class RetryConfig(_Strict):
 class BackpressureConfig(_Strict):
     """Per-replica in-flight limits and the bounded queue in front of them."""
 
-    max_in_flight_per_replica: int | None = Field(
-        None, ge=1, description="also taken from the engine where it reports one (TGI)")
+    max_in_flight_per_replica: int = Field(
+        1024, ge=1, description="or the engine's own limit where it reports a lower one (TGI); "
+        "with queue_size, bounds what the gateway holds in memory")
     queue_size: int = Field(1024, ge=0, description="requests waiting for a slot, per model")
     queue_timeout: float = Field(30.0, gt=0, description="seconds a request may wait")
 

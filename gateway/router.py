@@ -105,15 +105,14 @@ class Router:
         lease.on_close = lambda: self._wake_one(model.name)
         return Placement(model, replica, lease)
 
-    def limit_of(self, replica: Replica) -> int | None:
+    def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""
-        limits = [n for n in (self.backpressure.max_in_flight_per_replica,
-                              replica.max_concurrent_requests) if n is not None]
-        return min(limits) if limits else None
+        limit = self.backpressure.max_in_flight_per_replica
+        engine = replica.max_concurrent_requests
+        return limit if engine is None else min(limit, engine)
 
     def _has_slot(self, replica: Replica) -> bool:
-        limit = self.limit_of(replica)
-        return limit is None or self.ledger.load(replica.name).in_flight < limit
+        return self.ledger.load(replica.name).in_flight < self.limit_of(replica)
 
     async def _wait_for_slot(self, model: str, deadline: float) -> None:
         waiters = self._waiters.setdefault(model, deque())
