@@ -47,7 +47,7 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
 
 REPLICA_LABELS = ("model", "pool", "replica", "engine", "api")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
-RETRY_KINDS = ("connect", "timeout", "http_429", "http_5xx")
+RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 
 
 def status_class(status: int) -> str:

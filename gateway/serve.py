@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default: config `host`, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: config `port`, 8080)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes (default 1); without redis_url each balances "
-                             "blind to the others")
+                        help="worker processes (default 1); with redis_url they balance on "
+                             "one shared view of load, without it each balances blind to the "
+                             "others (warned)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1:
         if settings.redis_url is None:
             log.warning("%d workers without redis_url: each worker balances on its own view of "
-                        "load, blind to the others' requests", args.workers)
+                        "load, blind to the others' requests (they can pile long prompts onto "
+                        "one GPU); set redis_url to share load between them", args.workers)
         if args.config:
             os.environ[CONFIG_ENV] = os.path.abspath(args.config)
         # One scrape, every worker's totals: prometheus_client's multiprocess files.

@@ -303,8 +303,11 @@ def test_the_suite_runs_end_to_end_and_writes_json_and_markdown(tmp_path: Path) 
     policies = result["balancing"]["policies"]
     assert set(policies) == {"least_outstanding_tokens", "least_requests", "round_robin"}
     for p in policies.values():
-        assert p["all"]["ok"] == 16 and not p["all"]["errors"] and p["finish_s"] > 0
-        assert p["short"]["ok"] + p["long"]["ok"] == 16
+        (one,) = p["rounds"]
+        assert one["all"]["ok"] == 16 and not one["all"]["errors"] and p["errors"] == 0
+        assert one["short"]["ok"] + one["long"]["ok"] == 16
+        assert p["median"]["ttft_p99_ms"] == pytest.approx(one["all"]["ttft_ms"]["p99"], abs=0.01)
+        assert p["median"]["finish_s"] == one["finish_s"] > 0
     markdown = (tmp_path / "suite.md").read_text()
     assert "## Overhead" in markdown and "## Balancing" in markdown
     assert "least_outstanding_tokens vs round_robin, TTFT p99" in markdown
@@ -322,3 +325,23 @@ def test_heterogeneous_workload_and_simulated_time() -> None:
     assert simulated(summary, 4) == {"wall_s": 8.0, "requests_per_s": 2.5,
                                      "output_tokens_per_s": 25.0,
                                      "ttft_ms": {"p50": 20.0, "samples": 7}}
+
+
+def test_target_endpoints_and_bodies() -> None:
+    cases = [("http://127.0.0.1:8080", {}, "/v1/completions"),
+             ("http://127.0.0.1:8080/v1", {}, "/v1/completions"),
+             ("http://127.0.0.1:8080/proxy/v1/chat/completions", {}, "/proxy/v1/chat/completions"),
+             ("http://127.0.0.1:8080/proxy", {"api": "tgi", "stream": True}, "/proxy/generate_stream"),
+             ("http://127.0.0.1:8080/x", {"endpoint": "/generate"}, "/generate")]
+    for url, kw, endpoint in cases:
+        assert Target(url, **kw).endpoint == endpoint
+    chat = Target("http://127.0.0.1:8080/v1/chat/completions", model="m", stream=True)
+    assert chat.body(Request(prompt="hi", max_tokens=3)) == {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "stream": True, "stream_options": {"include_usage": True}}
+    tgi = Target("http://127.0.0.1:8080", api="tgi")
+    assert tgi.body(Request(messages=[{"role": "user", "content": "a"}], max_tokens=2)) == {
+        "inputs": "a", "parameters": {"max_new_tokens": 2, "details": True}}
+    for bad in ("ftp://x", "127.0.0.1:8080", "http://"):
+        with pytest.raises(ValueError, match="target URL"):
+            Target(bad)

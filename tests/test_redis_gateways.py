@@ -10,8 +10,11 @@ are generous multiples (a shared 2-core machine), and the measured times are pri
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +27,7 @@ import redis
 import yaml
 
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
-from support import free_port, running, sim
+from support import ROOT, free_port, running, sim, wait_ready
 
 MODEL = "sim-model"
 # Each streamed token takes 10 ms: a request for N tokens stays in flight ~N/100 s.
@@ -237,11 +240,43 @@ def test_redis_killed_and_restarted_mid_run_fails_no_request(tmp_path, replicas)
         client.close()
 
 
+@contextlib.contextmanager
+def serve_workers(tmp_path: Path, replicas: list[dict], workers: int,
+                  **settings: object) -> Iterator[tuple[str, Path]]:
+    """`serve --workers N` in a process group of its own, so that the workers go too when
+    the test ends however it ends; yields (base URL, file with its log)."""
+    config = {"models": [{"name": MODEL, "replicas": replicas}], **settings}
+    path = tmp_path / f"gateway-{free_port()}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(path),
+                                 "--port", str(port), "--workers", str(workers),
+                                 "--log-level", "warning"], cwd=ROOT, stdout=out, stderr=out,
+                                start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/ready", 90, proc)
+        yield f"http://127.0.0.1:{port}", log
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_serve_workers_share_load_through_redis(tmp_path, replicas, shared_redis) -> None:
-    """`serve --workers 2` with redis_url: both worker processes join the shared view."""
+    """`serve --workers 2` with redis_url: both worker processes join the shared view and
+    leave it when stopped; without redis_url the blind balancing is warned about."""
     client, prefix = shared_redis
-    with gateway(tmp_path, replicas, SHARED_URL, prefix, "--workers", "2") as (url, _):
+    with serve_workers(tmp_path, replicas, 2, redis_url=SHARED_URL,
+                       redis_key_prefix=prefix) as (url, log):
         wait_for(lambda: len(client.zrange(f"{prefix}instances", 0, -1)) == 2)
         assert complete(url).status_code == 200
     # Stopped gracefully: both withdrew at once instead of waiting out their TTL.
     assert client.zrange(f"{prefix}instances", 0, -1) == []
+    assert "without redis_url" not in log.read_text()
+    with serve_workers(tmp_path, replicas, 2) as (url, log):
+        assert complete(url).status_code == 200
+    assert "2 workers without redis_url: each worker balances on its own view" in log.read_text()

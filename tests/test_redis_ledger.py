@@ -20,11 +20,12 @@ from redis.asyncio import Redis
 
 from gateway.balance.ledger import ReplicaLoad
 from gateway.balance.redis_ledger import RedisLedger, parse_load
+from gateway.config import ConfigError, load_settings
 from gateway.fleet.replica import Replica
 from gateway.fleet.shared_replica_state import SharedReplicaState
 from gateway.metrics import SharedStateMetrics
 from gateway.shared.keys import SharedKeys
-from gateway.shared.sync import SharedStateSync, connect
+from gateway.shared.sync import SharedStateSync, connect, redacted
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
 
 REPLICAS = ["a", "b", "c"]
@@ -104,6 +105,23 @@ def test_request_lives_and_peer_rounds_interleaved(lives, rounds, rnd: random.Ra
         assert ours.own_load(r) == ReplicaLoad(0, 0)
     ours.set_peers({})
     assert loads(ours) == {r: (0, 0) for r in REPLICAS}
+
+
+def test_redis_settings_and_their_timing_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    models = [{"name": "m", "replicas": [{"url": "http://127.0.0.1:1"}]}]
+    monkeypatch.setenv("GATEWAY_REDIS_KEY_PREFIX", "{team-a}:")
+    config = load_settings(models=models, redis_url="redis://127.0.0.1:6379/3")
+    assert (config.redis_key_prefix, config.redis_sync_interval, config.redis_peer_ttl,
+            config.redis_timeout) == ("{team-a}:", 0.1, 1.0, 0.5)
+    with pytest.raises(ConfigError, match="redis_peer_ttl must be at least 3 x"):
+        load_settings(models=models, redis_sync_interval=0.5, redis_peer_ttl=1.0)
+    with pytest.raises(ConfigError, match="redis_sync_interval"):
+        load_settings(models=models, redis_sync_interval=0)
+
+
+def test_log_urls_carry_no_credentials() -> None:
+    assert redacted("redis://user:secret@cache.internal:6380/2") == "redis://cache.internal:6380/2"
+    assert redacted("redis://cache.internal") == "redis://cache.internal:6379"
 
 
 # --- against the real Redis (the shared server, a prefix of our own) ---

@@ -72,7 +72,6 @@ class RedisLedger(LoadLedger):
         self.peer_ttl = peer_ttl
         self.peers: dict[str, dict[str, ReplicaLoad]] = {}  # live peer -> its published load
         self._own: dict[str, ReplicaLoad] = {}
-        self._others: dict[str, ReplicaLoad] = {}  # sum over peers
         self._view: dict[str, ReplicaLoad] = {}  # own + others, what policies read
         self._script = None
 
@@ -110,11 +109,11 @@ class RedisLedger(LoadLedger):
                 total = others.setdefault(replica, ReplicaLoad())
                 total.outstanding_tokens += load.outstanding_tokens
                 total.in_flight += load.in_flight
-        self._others = others
+        none = ReplicaLoad()
         for replica in self._view.keys() | others.keys() | self._own.keys():
-            own, other, view = self.own_load(replica), others.get(replica), self.load(replica)
-            view.outstanding_tokens = own.outstanding_tokens + (other.outstanding_tokens if other else 0)
-            view.in_flight = own.in_flight + (other.in_flight if other else 0)
+            own, other, view = self.own_load(replica), others.get(replica, none), self.load(replica)
+            view.outstanding_tokens = own.outstanding_tokens + other.outstanding_tokens
+            view.in_flight = own.in_flight + other.in_flight
 
     async def sync(self, redis: Redis) -> None:
         """One round trip: publish own load and heartbeat, read the live peers' load."""

@@ -67,8 +67,9 @@ def _lengths(text: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="base URL of the target, e.g. http://127.0.0.1:8080 "
-                                    "(a path in it is used as --endpoint)")
+    parser.add_argument("url", help="the target, e.g. http://127.0.0.1:8080; a path ending in "
+                                    "an endpoint (/v1/chat/completions) is the endpoint, any "
+                                    "other path (/v1, /proxy) a prefix of it")
     target = parser.add_argument_group("target")
     target.add_argument("--api", choices=("openai", "tgi"), default="openai",
                         help="wire format (default openai)")
@@ -111,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     progress.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def discover_model(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as r:
+def discover_model(models_url: str, timeout: float = 10.0) -> str:
+    """The first model a GET /v1/models lists."""
+    with urllib.request.urlopen(models_url, timeout=timeout) as r:
         data = json.load(r).get("data") or []
     if not data:
         raise ValueError("GET /v1/models lists no model")
@@ -138,20 +140,21 @@ def run(args: argparse.Namespace) -> int:
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         return fail("--extra-body must be a JSON object")
     requests_per_level = args.requests or (None if args.duration else 100)
-    model = args.model
-    if args.api == "openai" and not model:
-        parts = urlsplit(args.url)
-        try:
-            model = discover_model(f"{parts.scheme}://{parts.netloc}")
-        except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
-            return fail(f"could not discover the model from {args.url}/v1/models ({exc}); "
-                        "pass --model")
     try:
         target = Target(args.url, api=args.api, endpoint=args.endpoint, stream=args.stream,
-                        model=model, extra_body=args.extra_body)
+                        model=args.model, extra_body=args.extra_body)
         requests = make_requests(args, requests_per_level)
     except (OSError, ValueError) as exc:
         return fail(str(exc))
+    model = args.model
+    if args.api == "openai" and not model:
+        parts = urlsplit(args.url)
+        prefix = target.endpoint.partition("/v1/")[0] if "/v1/" in target.endpoint else ""
+        models_url = f"{parts.scheme}://{parts.netloc}{prefix}/v1/models"
+        try:
+            target.model = model = discover_model(models_url)
+        except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+            return fail(f"could not discover the model from {models_url} ({exc}); pass --model")
 
     use_uvloop()
     show = sys.stderr.isatty() if args.progress is None else args.progress

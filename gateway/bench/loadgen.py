@@ -70,6 +70,10 @@ class Request:
     messages: list[dict[str, Any]] | None = None
     tag: str = ""
 
+    def text(self) -> str:
+        """The prompt as one string (messages' contents joined) for completions and TGI."""
+        return self.prompt or "\n".join(str(m.get("content", "")) for m in self.messages or [])
+
 
 @dataclass(slots=True)
 class Record:
@@ -79,7 +83,7 @@ class Record:
     due: float                      # when it was meant to start (open loop: its arrival)
     sent: float = 0.0               # when it was written to a connection
     end: float = 0.0
-    first_token: float | None = None
+    first_token: float | None = None  # streams: first token event; else the whole response
     status: int = 0
     error: str | None = None        # None = success; else an error kind
     detail: str = ""                # error message (truncated)
@@ -136,7 +140,11 @@ class Target:
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
         path = parts.path.rstrip("/")
-        self.endpoint = endpoint or path or DEFAULT_ENDPOINTS[(api, stream)]
+        if endpoint is None and not path.endswith(("completions", "/generate", "/generate_stream")):
+            # a base path ("/v1", "/proxy/llm"): the default endpoint goes under it
+            default = DEFAULT_ENDPOINTS[(api, stream)]
+            endpoint = path.removesuffix("/v1") + default
+        self.endpoint = endpoint or path
         self.chat = self.endpoint.rstrip("/").endswith("chat/completions")
         self.extra_body = extra_body or {}
         netloc = parts.netloc.rpartition("@")[2]
@@ -145,16 +153,14 @@ class Target:
 
     def body(self, request: Request) -> dict[str, Any]:
         if self.api == "tgi":
-            prompt = request.prompt or "\n".join(str(m.get("content", ""))
-                                                 for m in request.messages or [])
-            body: dict[str, Any] = {"inputs": prompt, "parameters": {
+            body: dict[str, Any] = {"inputs": request.text(), "parameters": {
                 "max_new_tokens": request.max_tokens, "details": True}}
         else:
             body = {"model": self.model} if self.model else {}
             if self.chat:
                 body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
             else:
-                body["prompt"] = request.prompt
+                body["prompt"] = request.text()
             body["max_tokens"] = request.max_tokens
             body["stream"] = self.stream
             if self.stream:

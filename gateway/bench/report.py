@@ -117,13 +117,14 @@ def table_row(label: str, s: dict[str, Any]) -> str:
 
 
 def table(levels: Sequence[tuple[str, dict[str, Any]]], label: str = "load") -> str:
-    """Markdown: one row per load level, then one table per level for pools and replicas."""
+    """Markdown: one row per load level, then per level a table of its pools and one of its
+    replicas (when there are several)."""
     header = COLUMNS.format(label=label)
     rule = "|---" + "|---:" * (header.count("|") - 2) + "|"
     lines = [header, rule] + [table_row(name, s["overall"]) for name, s in levels]
     for name, s in levels:
         for key in ("by_pool", "by_replica"):
-            if key in s and len(s[key]) > 0:
+            if len(s.get(key, ())) > 1:  # one pool or replica: the overall row says it all
                 lines += ["", f"{label} {name}, {key[3:]}:", "",
                           COLUMNS.format(label=key[3:]), rule]
                 lines += [table_row(k, v) for k, v in s[key].items()]
