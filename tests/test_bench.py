@@ -345,3 +345,18 @@ def test_target_endpoints_and_bodies() -> None:
     for bad in ("ftp://x", "127.0.0.1:8080", "http://"):
         with pytest.raises(ValueError, match="target URL"):
             Target(bad)
+
+
+def test_round_medians_leave_out_a_round_where_everything_failed() -> None:
+    from gateway.bench.suite import round_medians
+    def ok(p99: float) -> dict:
+        return {"all": {"ttft_ms": {"p50": p99 / 4, "p99": p99}, "output_tokens_per_s": p99,
+                        "errors": {}},
+                "short": {"ttft_ms": {"p50": 1.0, "p99": 2.0}}, "finish_s": 10.0}
+    failed = {"all": {"output_tokens_per_s": 0.0, "errors": {"http_500": 3}}, "short": {},
+              "finish_s": 1.0}
+    m = round_medians([ok(100.0), ok(300.0), ok(200.0)])
+    assert m["ttft_p99_ms"] == 200.0 and m["ttft_p50_ms"] == 50.0 and m["finish_s"] == 10.0
+    m = round_medians([ok(100.0), failed, ok(300.0)])
+    assert m["ttft_p99_ms"] == 200.0 and m["short_ttft_p99_ms"] == 2.0
+    assert round_medians([failed])["ttft_p99_ms"] is None

@@ -202,6 +202,7 @@ def _last_events(events: bytes, n: int = 3) -> int:
 
 
 def _special(events: bytes, start: int) -> bool:
+    """Any of ``_SPECIAL`` from ``start`` on (unrolled: this runs once per read)."""
     return (events.find(b'"usage":{', start) >= 0 or events.find(b'"error":', start) >= 0
             or events.find(b'"details":{', start) >= 0 or events.find(b'"usage": {', start) >= 0
             or events.find(b'"details": {', start) >= 0)

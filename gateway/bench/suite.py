@@ -152,28 +152,36 @@ def balancing(speed: float, rate: float, n: int, rounds: int, seed: int,
                     for tag in ("", "short", "long")}
                 per_round[policy].append({**figures, "finish_s": round(wall * speed, 2)})
                 order.append(policy)
-                ttft = figures["all"]["ttft_ms"]
-                print(f"  balancing round {r + 1} {policy:25s} TTFT p50 {ttft['p50']:8.1f} "
-                      f"p99 {ttft['p99']:8.1f} ms (simulated), errors "
+                ttft = figures["all"].get("ttft_ms") or {}  # none when every request failed
+                print(f"  balancing round {r + 1} {policy:25s} TTFT p50 {ttft.get('p50')} "
+                      f"p99 {ttft.get('p99')} ms (simulated), errors "
                       f"{figures['all']['errors']}", file=sys.stderr, flush=True)
     out: dict[str, Any] = {"order": order, "policies": {}}
     for policy, runs in per_round.items():
-        def median(get: Any) -> float | None:
-            values = [v for v in map(get, runs) if v is not None]
-            return round(statistics.median(values), 2) if values else None
         out["policies"][policy] = {
-            "median": {"ttft_p50_ms": median(lambda x: x["all"]["ttft_ms"]["p50"]),
-                       "ttft_p99_ms": median(lambda x: x["all"]["ttft_ms"]["p99"]),
-                       "short_ttft_p50_ms": median(lambda x: x["short"]["ttft_ms"]["p50"]),
-                       "short_ttft_p99_ms": median(lambda x: x["short"]["ttft_ms"]["p99"]),
-                       "output_tokens_per_s": median(lambda x: x["all"]["output_tokens_per_s"]),
-                       "finish_s": median(lambda x: x["finish_s"])},
+            "median": round_medians(runs),
             "errors": sum(sum(x["all"]["errors"].values()) for x in runs),
             "rounds": runs}
     lot = out["policies"]["least_outstanding_tokens"]["median"]["ttft_p99_ms"]
     rr = out["policies"]["round_robin"]["median"]["ttft_p99_ms"]
     out["lot_vs_round_robin_ttft_p99_gain"] = round(1 - lot / rr, 3) if lot and rr else None
     return out
+
+
+def round_medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The headline figures of a policy: medians over its rounds (a round whose requests all
+    failed has no TTFT and is left out of those)."""
+    def median(values: list[Any]) -> float | None:
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    def ttft(group: str, q: str) -> float | None:
+        return median([(x[group].get("ttft_ms") or {}).get(q) for x in runs])
+
+    return {"ttft_p50_ms": ttft("all", "p50"), "ttft_p99_ms": ttft("all", "p99"),
+            "short_ttft_p50_ms": ttft("short", "p50"), "short_ttft_p99_ms": ttft("short", "p99"),
+            "output_tokens_per_s": median([x["all"].get("output_tokens_per_s") for x in runs]),
+            "finish_s": median([x["finish_s"] for x in runs])}
 
 
 def simulated(summary: dict[str, Any], speed: float) -> dict[str, Any]:
@@ -198,7 +206,7 @@ def balancing_table(res: dict[str, Any]) -> str:
             "|---|---:|---:|---:|---:|---:|---:|"]
     for policy, p in res["policies"].items():
         m = p["median"]
-        each = ", ".join(f(x["all"]["ttft_ms"]["p99"]) for x in p["rounds"])
+        each = ", ".join(f((x["all"].get("ttft_ms") or {}).get("p99")) for x in p["rounds"])
         rows.append(f"| {policy} | {f(m['ttft_p50_ms'])} / {f(m['ttft_p99_ms'])} "
                     f"| {f(m['short_ttft_p50_ms'])} / {f(m['short_ttft_p99_ms'])} "
                     f"| {f(m['output_tokens_per_s'])} | {f(m['finish_s'], 1)} | {each} "
