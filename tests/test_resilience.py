@@ -204,7 +204,7 @@ def test_in_flight_limit_queues_then_answers_429(tmp_path: Path) -> None:
         settings = dict(backpressure={"queue_size": 2, "queue_timeout": 5})
         with gateway_server(tmp_path, config(reps, **settings)) as (gw, _):
             assert replicas_of(gw)["tgi"]["max_concurrent_requests"] == 2  # from /info
-            running_now = [Stream(gw, 20, "tgi") for _ in range(2)]
+            running_now = [Stream(gw, 150, "tgi") for _ in range(2)]  # ~3 s: slots stay full
             for s in running_now:
                 assert s.started.wait(5)
             queued = [Stream(gw, 5, "tgi") for _ in range(2)]
