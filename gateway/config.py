@@ -152,8 +152,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     # Shared state (with redis_url; README "Several instances"): every key under the prefix.
     redis_key_prefix: str = Field("llm-gateway:", min_length=1)
-    redis_sync_interval: float = Field(0.1, gt=0, le=10, description="seconds between syncs; "
-                                       "a peer's load is seen here within about 2 intervals")
+    redis_sync_interval: float = Field(0.1, gt=0, le=10, description="seconds between syncs "
+                                       "(a request placed or ended is announced at once)")
     redis_peer_ttl: float = Field(1.0, gt=0, le=60, description="seconds after which a silent "
                                   "instance (crashed, or Redis down) stops counting")
     redis_timeout: float = Field(0.5, gt=0, le=10, description="seconds one sync may take")

@@ -19,9 +19,10 @@ from support import free_port, sim
 
 @pytest.mark.parametrize("dialect,kv", [("vllm", 0.25), ("sglang", 0.25), ("tgi", 0.25),
                                         ("llamacpp", None)])
-def test_each_dialects_exposition_gives_queue_running_and_kv(dialect: str, kv: float | None) -> None:
-    text = render(dialect, make_meter(dialect, 4096), Gauges(running=7, waiting=3, kv_used=1000,
-                                                             kv_capacity=4000), "m").decode()
+def test_each_dialects_exposition_gives_queue_running_and_kv(dialect: str,
+                                                            kv: float | None) -> None:
+    gauges = Gauges(running=7, waiting=3, kv_used=1000, kv_capacity=4000)
+    text = render(dialect, make_meter(dialect, 4096), gauges, "m").decode()
     signals = parse_signals(dialect, text, scraped_at=12.5, ledger_in_flight=4)
     assert (signals.running, signals.waiting, signals.kv_usage) == (7, 3, kv)
     assert signals.requests == 10 and signals.unexplained_requests() == 6

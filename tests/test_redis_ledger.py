@@ -313,3 +313,35 @@ async def test_frozen_redis_fails_the_round_within_its_timeout(tmp_path: Path) -
             assert await task.round() and task.up
         finally:
             await task.close()
+
+
+async def test_placed_requests_are_announced_without_waiting_for_the_interval(shared) -> None:
+    """With a 5 s interval, only the pub/sub announcement can make a peer see a new request
+    (and its end) within 2 s; cancelling the tasks stops them (no sync through shutdown)."""
+    _, prefix = shared
+    keys = SharedKeys(prefix)
+
+    def task(instance: str) -> SharedStateSync:
+        return SharedStateSync(connect(SHARED_URL, 0.5), RedisLedger(keys, instance, 15.0),
+                               SharedReplicaState([], keys), interval=5.0, timeout=0.5)
+
+    a, b = task("A"), task("B")
+    runs = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+    try:
+        await asyncio.sleep(0.3)  # both subscribed and through their first round
+        lease = a.ledger.lease("a", 200, 20)
+        started = time.monotonic()
+        while loads(b.ledger)["a"] != (220, 1):
+            assert time.monotonic() - started < 2, "not announced"
+            await asyncio.sleep(0.005)
+        lease.close()
+        while loads(b.ledger)["a"] != (0, 0):
+            assert time.monotonic() - started < 4, "end not announced"
+            await asyncio.sleep(0.005)
+    finally:
+        for run in runs:
+            run.cancel()
+        done, _ = await asyncio.wait(runs, timeout=5)
+        assert len(done) == 2
+        await a.close()
+        await b.close()

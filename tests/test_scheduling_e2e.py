@@ -12,7 +12,8 @@ from support import gateway_server, sim
 SYSTEM = "You are the support assistant of a bicycle shop. Answer politely. " * 40
 
 
-def replicas_used(base: str, bodies: list[dict], headers: dict[str, str] | None = None) -> list[str]:
+def replicas_used(base: str, bodies: list[dict],
+                  headers: dict[str, str] | None = None) -> list[str]:
     used = []
     with httpx.Client(base_url=base, timeout=30) as client:
         for body in bodies:

@@ -2,15 +2,19 @@
 
 Each instance keeps its own load exactly, in process, as ``InProcessLedger`` does: leases
 change it synchronously and it can never go negative. Every sync round (``sync``, run by
-``gateway.shared.sync.SharedStateSync`` every ``redis_sync_interval``) publishes those totals
-to this instance's own key, refreshes its heartbeat, and reads every other live instance's
-last published totals, all in one Lua script (one round trip). ``load()`` is then
+``gateway.shared.sync.SharedStateSync``) publishes those totals to this instance's own key,
+refreshes its heartbeat, and reads every other live instance's last published totals, all in
+one Lua script (one round trip). ``load()`` is then
 
     own exact load + sum of the other live instances' last published load
 
-Bounds (interval = ``redis_sync_interval``, ttl = ``redis_peer_ttl``):
+Rounds run every ``redis_sync_interval`` and at once when a request is placed or ends or a
+prompt is prefilled here (``wake``); such a round announces itself on a pub/sub channel so
+that peers sync at once too. Bounds (interval = ``redis_sync_interval``, ttl =
+``redis_peer_ttl``):
 
-- a peer's change is seen here within about 2 x interval (its next publish, our next read);
+- a peer's placed or ended request is seen here within a few Redis round trips; smaller
+  changes (tokens streamed) and lost announcements within about 2 x interval;
 - a peer killed with SIGKILL stops counting within ttl + interval (its heartbeat expires);
 - with Redis unreachable, peers' last totals are kept for at most ttl after the last good
   round and then dropped (own load only): fail-open, never stuck on phantom load.
@@ -21,6 +25,7 @@ non-negative numbers and replaced wholesale every round (never incremented remot
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
@@ -30,17 +35,22 @@ from redis.asyncio import Redis
 from gateway.balance.ledger import LoadLedger, ReplicaLoad
 from gateway.shared.keys import SharedKeys
 
-# KEYS: instances zset, own load hash. ARGV: instance id, ttl ms, load key prefix, then
-# (replica, outstanding tokens, in flight) triples. Returns [peer id, [field, value, ...], ...].
+# Own changes at least this big (or a request placed or ended) are announced to peers at once.
+ANNOUNCE_TOKENS = 64
+
+# KEYS: instances zset, own load hash. ARGV: instance id, ttl ms, load key prefix, channel to
+# announce a change on ("" = none), then (replica, outstanding tokens, in flight) triples.
+# Returns [peer id, [field, value, ...], ...].
 _SYNC = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 redis.call('DEL', KEYS[2])
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2])
 end
-if #ARGV > 3 then redis.call('PEXPIRE', KEYS[2], ttl) end
+if #ARGV > 4 then redis.call('PEXPIRE', KEYS[2], ttl) end
+if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[1]) end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -74,6 +84,10 @@ class RedisLedger(LoadLedger):
         self._own: dict[str, ReplicaLoad] = {}
         self._view: dict[str, ReplicaLoad] = {}  # own + others, what policies read
         self._script = None
+        # Set on a change peers should hear of soon (a request placed or ended, a prompt
+        # prefilled): the sync task publishes at once instead of at its next interval.
+        self.wake = asyncio.Event()
+        self._announce = False
 
     # --- the LoadLedger interface: local, synchronous, no I/O ---
 
@@ -93,6 +107,9 @@ class RedisLedger(LoadLedger):
         for load in (self.own_load(replica), self.load(replica)):
             load.outstanding_tokens += tokens
             load.in_flight += requests
+        if requests or abs(tokens) >= ANNOUNCE_TOKENS:
+            self._announce = True
+            self.wake.set()
 
     def snapshot(self) -> dict[str, ReplicaLoad]:
         return {name: ReplicaLoad(l.outstanding_tokens, l.in_flight)
@@ -119,12 +136,18 @@ class RedisLedger(LoadLedger):
         """One round trip: publish own load and heartbeat, read the live peers' load."""
         if self._script is None:
             self._script = redis.register_script(_SYNC)
-        args: list[str | int] = [self.instance, int(self.peer_ttl * 1000), self.keys.load_prefix]
+        announce, self._announce = self._announce, False
+        args: list[str | int] = [self.instance, int(self.peer_ttl * 1000), self.keys.load_prefix,
+                                 self.keys.load_events if announce else ""]
         for replica, load in self._own.items():
             if load.outstanding_tokens or load.in_flight:
                 args += [replica, load.outstanding_tokens, load.in_flight]
-        reply = await self._script(keys=[self.keys.instances, self.keys.load(self.instance)],
-                                   args=args, client=redis)
+        try:
+            reply = await self._script(keys=[self.keys.instances, self.keys.load(self.instance)],
+                                       args=args, client=redis)
+        except BaseException:
+            self._announce = self._announce or announce  # not published: next round
+            raise
         peers: dict[str, dict[str, ReplicaLoad]] = {}
         for peer, fields in zip(reply[::2], reply[1::2]):
             loads = peers[peer] = {}

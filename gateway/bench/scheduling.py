@@ -49,7 +49,7 @@ from typing import Any, Iterator
 
 from gateway.bench.loadgen import Request, Target, open_loop
 from gateway.bench.overhead import HOST, ROOT, free_port, stop, wait_ready
-from gateway.bench.report import summarize
+from gateway.bench.report import distribution_ms, summarize
 from gateway.bench.workload import synthetic_prompt
 
 MODEL = "m"
@@ -233,7 +233,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "row": row, "requests": overall["requests"], "ok": overall["ok"],
         "errors": overall["errors"],
         # simulated seconds: what the same GPUs would show at speed 1
-        "ttft_p50_s": _sim_s(ttft.get("p50"), w.speed), "ttft_p99_s": _sim_s(ttft.get("p99"), w.speed),
+        "ttft_p50_s": _sim_s(ttft.get("p50"), w.speed),
+        "ttft_p99_s": _sim_s(ttft.get("p99"), w.speed),
         "ttft_p99_long_s": _sim_s(_p99_ms([r for r in run.records if r.tag == "long"]), w.speed),
         "output_tokens_per_s": round(overall["output_tokens_per_s"] / w.speed, 1)
         if overall["output_tokens_per_s"] else None,
@@ -248,7 +249,6 @@ def _sim_s(ms: float | None, speed: float) -> float | None:
 
 
 def _p99_ms(records: list) -> float | None:
-    from gateway.bench.report import distribution_ms
     values = [r.ttft for r in records if r.ok and r.ttft is not None]
     return distribution_ms(values)["p99"] if values else None
 
@@ -306,8 +306,9 @@ def markdown(results: dict[str, Any]) -> str:
                 continue
             errors = f" ({sum(r['errors'].values())} errors)" if r["errors"] else ""
             hit = r["prefix_cache_hit_rate"]
+            per_replica = "/".join(map(str, r["requests_per_replica"]))
             lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {r['ttft_p99_s']} | "
-                         f"{r['output_tokens_per_s']} | {'/'.join(map(str, r['requests_per_replica']))}"
+                         f"{r['output_tokens_per_s']} | {per_replica}"
                          f" | {'' if hit is None else f'{hit:.0%}'} |")
         lines += [""] + [f"- {t}" for t in res["targets"]] + [""]
     return "\n".join(lines)
@@ -316,7 +317,8 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.bench.scheduling",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
+                        choices=list(WORKLOADS))
     parser.add_argument("--rows", nargs="+", default=[*OUR_POLICIES, *PEER_ROUTERS, *ABLATIONS],
                         help="policies of ours (optionally `policy:key=value,...` with "
                              "scheduling weights, for ablations) and peer router rows")

@@ -7,14 +7,14 @@ replica; policies blend them in only while they are fresh (see
 ``gateway/balance/least_expected_work.py``). A failed or slow scrape changes nothing: the old
 signals simply grow stale and stop counting.
 
-Metric names per engine (``reference/ENGINE-WIRE.md``):
+Metric names per engine (``reference/ENGINE-WIRE.md``), as (running, waiting, KV use 0-1):
 
-| engine   | running                       | waiting                       | KV use (0-1)                     |
-|----------|-------------------------------|-------------------------------|----------------------------------|
-| vllm     | ``vllm:num_requests_running`` | ``vllm:num_requests_waiting`` | ``vllm:kv_cache_usage_perc`` (``gpu_cache_usage_perc`` before 0.9) |
-| sglang   | ``sglang:num_running_reqs``   | ``sglang:num_queue_reqs``     | ``sglang:token_usage``           |
-| tgi      | ``tgi_batch_current_size``    | ``tgi_queue_size``            | ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens`` |
-| llamacpp | ``llamacpp:requests_processing`` | ``llamacpp:requests_deferred`` | (none)                        |
+- vllm: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before 0.9);
+- sglang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``;
+- tgi: ``tgi_batch_current_size``, ``tgi_queue_size``,
+  ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``;
+- llamacpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred`` (no KV gauge).
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ def parse_signals(engine: str, text: str, scraped_at: float = 0.0,
     Several label sets of one gauge (vLLM data-parallel engines, SGLang ranks) add up for
     request counts; KV use takes the fullest one."""
     running_names, waiting_names, kv_names, kv_total_name = _NAMES[engine]
-    wanted = {*running_names, *waiting_names, *kv_names, *([kv_total_name] if kv_total_name else [])}
+    wanted = {*running_names, *waiting_names, *kv_names}
+    if kv_total_name:
+        wanted.add(kv_total_name)
     values = _samples(text, wanted)
 
     def first(names: tuple[str, ...]) -> list[float] | None:

@@ -14,6 +14,8 @@ key                                    type    what
                                                ``"<outstanding_tokens> <in_flight>"``
                                                (non-zero replicas only; expires with the
                                                instance's heartbeat)
+``{p}load-events``                     pubsub  an instance id, published when its load
+                                               changed enough that peers should re-read now
 ``{p}replica:ejected_until``           hash    replica -> wall-clock end of its outlier
                                                ejection (merged by max)
 ``{p}replica:draining``                hash    replica -> ``"1"``/``"0"`` (admin drain;
@@ -23,6 +25,9 @@ key                                    type    what
 ``{p}ratelimit:{scope}:{id}:{window}`` string  reserved: request/token counter of one
                                                fixed window (INCRBY + EXPIRE)
 =====================================  ======  =========================================
+
+Pub/sub channels are not per database: gateways that share one Redis under different DB
+numbers need different prefixes too (else they only wake each other needlessly).
 
 Replica *health* is deliberately not shared: every instance probes every replica itself,
 and a replica reachable from one instance but not another must stay usable where it works.
@@ -47,6 +52,10 @@ class SharedKeys:
 
     def load(self, instance: str) -> str:
         return f"{self.load_prefix}{instance}"
+
+    @property
+    def load_events(self) -> str:
+        return f"{self.prefix}load-events"
 
     @property
     def replica_ejected_until(self) -> str:

@@ -1,0 +1,55 @@
+"""The scheduling benchmark's pure parts: seeded schedules shaped as the issue says, row specs,
+and the target check (the runs themselves are benchmarks, not tests)."""
+
+from __future__ import annotations
+
+from gateway.bench.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
+                                      check_targets, schedule)
+
+
+def test_schedules_are_seeded_and_shaped_like_the_workloads() -> None:
+    w1, w2, w3 = (WORKLOADS[n] for n in ("W1", "W2", "W3"))
+    requests, arrivals = schedule(w1, 400, seed=3)
+    again, arrivals_again = schedule(w1, 400, seed=3)
+    assert [r.prompt for r in requests] == [r.prompt for r in again] and arrivals == arrivals_again
+    assert schedule(w1, 400, seed=4)[1] != arrivals
+    long = [r for r in requests if r.tag == "long"]
+    assert 0.08 < len(long) / len(requests) < 0.22
+    rate = len(arrivals) / arrivals[-1]
+    assert 0.6 * w1.saturation < rate < w1.saturation
+
+    requests, _ = schedule(w2, 300, seed=3)
+    prefixes = {r.prompt[:2000] for r in requests}  # 16 system prompts at most, ~8 KB each
+    assert 4 <= len(prefixes) <= 16
+    assert all(r.tag.startswith("prefix") for r in requests)
+    assert len(requests[0].prompt) > PREFIX_TOKENS  # a prefix of 2,000 tokens + the user part
+
+    _, arrivals = schedule(w3, 1000, seed=3)
+    calm = [a for a in arrivals if int(a // BURST_PERIOD) % 2 == 0]
+    burst = [a for a in arrivals if int(a // BURST_PERIOD) % 2 == 1]
+    assert len(burst) > 1.6 * len(calm)  # 110% vs 50% of saturation
+
+
+def test_row_specs_carry_scheduling_weights() -> None:
+    assert _row_settings("least_expected_work") == ("least_expected_work", {})
+    assert _row_settings("least_expected_work:prefix_weight=0,signals_weight=0.5") == (
+        "least_expected_work", {"prefix_weight": 0.0, "signals_weight": 0.5})
+
+
+def row(name: str, p99: float, tokens: float = 100.0, per_replica=(25, 25, 25, 25)) -> dict:
+    return {"row": name, "ttft_p99_s": p99, "output_tokens_per_s": tokens,
+            "requests_per_replica": list(per_replica)}
+
+
+def test_targets_are_checked_against_contenders_only() -> None:
+    rows = [row("round_robin", 1.0), row("least_outstanding_tokens", 0.5),
+            row("least_expected_work", 0.52), row("least_expected_work:prefix_weight=0", 0.1),
+            {"row": "vllm-router cache_aware", "unavailable": "not installed"}]
+    lines = check_targets("W1", rows)
+    assert lines[0].startswith("FAIL W1: lowest TTFT p99")  # 0.52 > 0.5; the ablation ignored
+    assert any(l.startswith("PASS W1: within 10%") for l in lines)
+    starving = [row("least_expected_work", 0.2, per_replica=(60, 20, 10, 10)),
+                row("sglang-router cache_aware", 0.3)]
+    lines = check_targets("W2", starving)
+    assert any(l.startswith("FAIL W2: every replica") for l in lines)
+    assert any(l.startswith("PASS W2: at least as good") for l in lines)
