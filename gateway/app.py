@@ -123,6 +123,9 @@ class Gateway:
                 pool.replicas.remove(replica)
         self.replicas.remove(replica)
         self.outlier.forget(replica)
+        forget = getattr(self.router.policy, "forget", None)  # affinity policies
+        if forget is not None:
+            forget(replica.name)
         return replica
 
     def replica(self, name: str) -> Replica:

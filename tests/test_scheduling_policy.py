@@ -168,3 +168,15 @@ def test_sessions_and_prefixes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> N
                  ledger)
     assert len(p.sessions) == 100
     assert all(p.prefixes.size(r.name) <= 50 for r in rs)
+
+
+def test_forget_drops_a_removed_replicas_prefixes_and_sessions() -> None:
+    rs = replicas(2)
+    policy = LeastExpectedWork()
+    cost = RequestCost(100, 10, prefix_blocks=(1, 2, 3), session="s1")
+    chosen = policy.select(rs, cost, InProcessLedger())
+    assert policy.prefixes.matched_blocks(chosen.name, (1, 2, 3)) == 3
+    assert policy.sessions["s1"] == chosen.name
+    policy.forget(chosen.name)
+    assert policy.prefixes.matched_blocks(chosen.name, (1, 2, 3)) == 0
+    assert "s1" not in policy.sessions

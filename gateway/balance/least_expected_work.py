@@ -91,6 +91,12 @@ class LeastExpectedWork:
                 self.sessions.popitem(last=False)
         return chosen
 
+    def forget(self, replica: str) -> None:
+        """The replica left the fleet: drop what was remembered about it."""
+        self.prefixes.forget(replica)
+        for session in [s for s, name in self.sessions.items() if name == replica]:
+            del self.sessions[session]
+
     def _engine_work(self, signals: EngineSignals, outstanding: int, now: float) -> float:
         """Work a fresh scrape shows beyond the ledger's: unexplained requests, KV pressure."""
         w = self.weights

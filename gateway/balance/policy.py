@@ -33,6 +33,9 @@ class RequestCost:
 
 
 class Policy(Protocol):
+    """Picks a replica. A policy that remembers replicas (affinity) may also define
+    ``forget(replica_name)``, called when a replica leaves the fleet."""
+
     def select(self, replicas: Sequence[Replica], cost: RequestCost,
                ledger: LoadLedger) -> Replica: ...
 
