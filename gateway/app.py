@@ -12,7 +12,9 @@ from types import FrameType
 from typing import AsyncIterator, Callable
 
 import aiohttp
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.api import admin, ops, openai_models, tgi_info
@@ -193,6 +195,7 @@ def create_app(settings: Settings) -> GatewayApp:
 
     app = FastAPI(title="llm-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.add_exception_handler(RequestValidationError, _validation_error)
     generation = [
         ("/v1/completions", Api.OPENAI, openai_protocol.parse_completion),
         ("/v1/chat/completions", Api.OPENAI, openai_protocol.parse_chat),
@@ -208,6 +211,15 @@ def create_app(settings: Settings) -> GatewayApp:
     app.include_router(ops.router)
     app.include_router(admin.router)
     return GatewayApp(app, endpoints)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own handler echoes the offending input back and fails with a 500 on a body
+    that is not UTF-8; name the field and the problem only."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                                     "type": str(e.get("type", ""))} for e in errors]},
+                        status_code=422)
 
 
 def _drain_on_sigterm(gateway: Gateway) -> None:
