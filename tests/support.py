@@ -57,15 +57,20 @@ def running(args: list[str], ready_url: str, env: dict[str, str] | None = None,
             raise RuntimeError(f"{args} failed to start:\n{err.decode(errors='replace')[-3000:]}")
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM (a gateway drains first), then SIGKILL after ``timeout``; close its pipes."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr:
+        proc.stderr.close()
 
 
 @contextlib.contextmanager

@@ -136,7 +136,7 @@ def test_token_counters_equal_client_usage_exactly(truth_fleet: dict,
                                                    tokenizer: ModelTokenizer) -> None:
     gw = truth_fleet["gateway"]
     client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
-    prompt = prompt_usage = generated = 0
+    prompt = generated = 0
     streams_with_first_token = forwarded = 0
     messages = [{"role": "user", "content": "Count the tokens of this request exactly."}]
 

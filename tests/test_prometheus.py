@@ -16,7 +16,6 @@ import json
 import math
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import openai
 import pytest
 import yaml
 
-from support import ROOT, free_port, running, sim, wait_ready
+from support import ROOT, free_port, running, sim, stop, wait_ready
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
@@ -117,13 +116,7 @@ def prometheus(tmp: Path, gateway: str, engines: list[str]) -> Iterator[str]:
         wait_ready(url + "/-/ready", timeout=60, proc=proc)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        stop(proc, timeout=20)
 
 
 def query(prom: str, expr: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
-import pytest
 
 from support import free_port, gateway_server, running, sim
 

@@ -42,7 +42,7 @@ from gateway.bench.loadgen import Record, Request, Target, closed_loop, open_loo
 from gateway.bench.overhead import (HOST, cpu_seconds, free_port, machine_info, start, stop,
                                     wait_ready)
 from gateway.bench.report import distribution_ms, summarize_records
-from gateway.bench.suite import (MODEL, PROFILE, REPLICAS, heterogeneous_requests, replicas,
+from gateway.bench.suite import (MODEL, REPLICAS, heterogeneous_requests, replicas,
                                  simulated, wait_idle)
 
 ROWS = ("1 instance", "2 instances, blind", "2 instances, shared (Redis)")
