@@ -41,9 +41,11 @@ def test_disconnect_frees_slot_and_kv(replica) -> None:
 
 
 def test_requests_queue_when_kv_is_full(replica) -> None:
-    base = replica("vllm", "--speed", "5", "--kv-capacity-tokens", "600", max_model_len=512)
+    # Real-time speed and 200 output tokens (~2 s each): the queue lasts long enough to be
+    # seen by both polls below even on a slow, shared machine.
+    base = replica("vllm", "--kv-capacity-tokens", "600", max_model_len=512)
     threads = [threading.Thread(target=httpx.post, args=(f"{base}/v1/completions",),
-                                kwargs={"json": {"prompt": "hello world " * 100, "max_tokens": 100}, "timeout": 60})
+                                kwargs={"json": {"prompt": "hello world " * 100, "max_tokens": 200}, "timeout": 60})
                for _ in range(3)]
     for t in threads:
         t.start()
