@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -42,22 +43,27 @@ def wait_ready(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = 
 @contextlib.contextmanager
 def running(args: list[str], ready_url: str, env: dict[str, str] | None = None,
             timeout: float = 20.0) -> Iterator[subprocess.Popen]:
-    """Run ``python -m gateway ARGS`` until the block ends; yield the process."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", *args], cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
+    """Run ``python -m gateway ARGS`` until the block ends; yield the process.
+
+    Its stderr goes to a file, not a pipe: a server that logs more than a pipe holds while
+    nobody reads would block on its next log line.
+    """
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args], cwd=ROOT,
+            env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            wait_ready(ready_url, timeout, proc)
-        except Exception:
-            proc.kill()
-            _, err = proc.communicate(timeout=5)
-            raise RuntimeError(f"{args} failed to start:\n{err.decode(errors='replace')[-3000:]}")
-        yield proc
-    finally:
-        stop(proc)
+            try:
+                wait_ready(ready_url, timeout, proc)
+            except Exception:
+                proc.kill()
+                proc.wait(timeout=5)
+                log.seek(0)
+                err = log.read()[-3000:].decode(errors="replace")
+                raise RuntimeError(f"{args} failed to start:\n{err}")
+            yield proc
+        finally:
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -91,3 +91,15 @@ def test_engine_errors_are_read_in_every_dialect(status: int, body: dict, code: 
 def test_non_json_engine_error_keeps_status() -> None:
     error = error_from_engine(502, b"<html>bad gateway</html>")
     assert error.status == 502 and "bad gateway" in error.message
+
+
+def test_wrong_type_message_cuts_a_long_value_without_breaking_utf8() -> None:
+    """The message quotes at most 80 bytes of the value; a cut inside a multi-byte
+    character must not turn a 400 into a 500 (found by fuzzing)."""
+    from gateway.protocol.errors import InvalidRequest
+    from gateway.protocol.tgi import parse_generate
+
+    body = ('{"inputs": "x", "parameters": {"details": "' + "é" * 60 + '"}}').encode()
+    with pytest.raises(InvalidRequest) as error:
+        parse_generate(body, stream=False)
+    assert "details" in error.value.message

@@ -92,7 +92,7 @@ def field(body: dict[str, Any], name: str, kind: type, *, required: bool = False
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok:
         raise InvalidRequest(f"`{label}` must be {_TYPE_NAMES.get(kind, kind.__name__)}, "
-                             f"got {orjson.dumps(value)[:80].decode()}", param=label)
+                             f"got {orjson.dumps(value)[:80].decode(errors='replace')}", param=label)
     if minimum is not None and value < minimum:
         raise InvalidRequest(f"`{label}` must be at least {minimum}, got {value}", param=label)
     return value
