@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
-from gateway.protocol.request import GenerationRequest, session_of
+from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
 from gateway.relay import Reply
 
 if TYPE_CHECKING:
@@ -36,9 +36,6 @@ class BodyTooLarge(InvalidRequest):
     status = 413
     reason = "body_too_large"
 
-    def tgi_status(self) -> int:
-        return 413
-
 
 class SlowClient(InvalidRequest):
     """The body did not arrive in time: a client trickling bytes cannot pin a slot."""
@@ -48,9 +45,6 @@ class SlowClient(InvalidRequest):
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the request body did not arrive within {seconds:g}s")
-
-    def tgi_status(self) -> int:
-        return 408
 
 
 async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -72,24 +66,25 @@ class HeadersTooLarge(InvalidRequest):
     status = 431
     reason = "headers_too_large"
 
-    def tgi_status(self) -> int:
-        return 431
 
-
-def request_id_of(scope: Scope) -> str:
-    """The client's ``x-request-id`` (or a new one); raises if the header block is too big.
+def read_headers(scope: Scope) -> tuple[str, str | None]:
+    """One pass over the headers: the request id (the client's ``x-request-id`` or a new one)
+    and the client's session (``x-session-id``); raises if the header block is too big.
 
     uvicorn's httptools parser sets no limit of its own, so the check is made here, where
     the request is refused before anything is read or reserved.
     """
-    request_id, size = None, 0
+    request_id = session = None
+    size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
         if key == b"x-request-id" and 0 < len(value) <= 128:
             request_id = value.decode("latin-1")
+        elif key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
+            session = value.decode("latin-1")
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return request_id or uuid.uuid4().hex
+    return request_id or uuid.uuid4().hex, session
 
 
 async def send_body(send: Send, status: int, body: bytes,
@@ -150,7 +145,7 @@ class GenerationEndpoint:
         gateway = self.gateway
         request: GenerationRequest | None = None
         try:
-            request_id = request_id_of(scope)
+            request_id, session = read_headers(scope)
         except HeadersTooLarge as error:
             await self._reject(send, error, None, uuid.uuid4().hex)
             return
@@ -162,7 +157,7 @@ class GenerationEndpoint:
                 async with asyncio.timeout(gateway.settings.client_body_timeout):
                     body = await read_body(receive)
                 request = self.parse(body)
-                request.session = session_of(scope["headers"])
+                request.session = session
                 model, admission = gateway.router.admit(request)
             except TimeoutError:
                 await self._reject(send, SlowClient(gateway.settings.client_body_timeout),
@@ -177,7 +172,7 @@ class GenerationEndpoint:
                 try:
                     reply = await self._forward(request, model, admission, arrival, request_id)
                 except GatewayError as error:
-                    if error.retry_kind is None and error.reason in _GATEWAY_REASONS:
+                    if error.reason in _GATEWAY_REASONS:
                         gateway.metrics.reject(model.name, self.api, error.reason)
                     await send_error(send, error, self.api, request_id)
                     return

@@ -62,7 +62,8 @@ class GatewayError(Exception):
 
 
 class InvalidRequest(GatewayError):
-    """Malformed JSON, wrong types, missing fields. TGI answers these with 422."""
+    """Malformed JSON, wrong types, missing fields. TGI answers these with 422; subclasses with
+    a more precise status (413, 408, 431) keep it on both protocols."""
 
     status = 400
     openai_type = "invalid_request_error"
@@ -70,7 +71,7 @@ class InvalidRequest(GatewayError):
     reason = "bad_request"
 
     def tgi_status(self) -> int:
-        return 422
+        return 422 if self.status == 400 else self.status
 
 
 class ContextLengthExceeded(GatewayError):

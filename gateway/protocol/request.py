@@ -40,14 +40,6 @@ SESSION_HEADER = b"x-session-id"
 MAX_SESSION_CHARS = 256  # longer session ids are ignored (the balancer remembers sessions)
 
 
-def session_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The client's ``x-session-id`` header, if it has a sane one."""
-    for key, value in headers:
-        if key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
-            return value.decode("latin-1")
-    return None
-
-
 def parse_json_object(raw: bytes, api: Api) -> dict[str, Any]:
     """The request body as a JSON object, or a 4xx naming what is wrong."""
     if not raw:
