@@ -124,17 +124,18 @@ class SchedulingConfig(_Strict):
     """Weights of the default balancer, least_expected_work (README "Scheduling"). Scores
     are in output-token equivalents; every default works without tuning."""
 
-    prefill_weight: float = Field(1.0, ge=0, description="one prompt token to prefill, in "
-                                  "output tokens (what the score charges per uncached token)")
-    prefix_weight: float = Field(1.0, ge=0, le=1, description="share of a cached prefix's "
-                                 "prefill counted as saved; 0 = no prefix affinity")
+    prefill_weight: float = Field(1.0, ge=0, description="one prompt token still to prefill, "
+                                  "in output tokens still to generate")
+    prefix_weight: float = Field(2.0, ge=0, le=10, description="output tokens a replica's "
+                                 "score drops per prompt token it has cached; 0 = no prefix "
+                                 "affinity")
     prefix_cache_tokens: int = Field(65536, ge=1, description="per replica: prompt tokens of "
                                      "recent prefixes remembered (at most the engine's cache)")
     session_tokens: float = Field(1024.0, ge=0, description="head start of a session's last "
                                   "replica; 0 = no stickiness")
     signals_weight: float = Field(1.0, ge=0, description="engine load signals; 0 = ignore")
-    kv_pressure_from: float = Field(0.9, ge=0, lt=1, description="KV use above which a "
-                                    "replica looks up to twice as busy")
+    kv_pressure_from: float = Field(0.99, ge=0, lt=1, description="KV use above which a "
+                                    "replica looks up to twice as busy (about to preempt)")
     signals_interval: float = Field(1.0, gt=0, description="seconds between /metrics scrapes")
     signals_timeout: float = Field(0.5, gt=0, description="seconds per scrape")
     signals_max_age: float = Field(3.0, gt=0, description="scrape intervals after which "

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.balance.ledger import InProcessLedger
+from gateway.balance.ledger import InProcessLedger, ReplicaLoad
 
 REPLICAS = ["a", "b", "c"]
 
@@ -59,22 +59,27 @@ def test_random_request_lives_return_ledger_to_zero(lives, rnd: random.Random) -
             lease.generated(5)  # late events after close must not count
             lease.first_token()
         for r in REPLICAS:
-            assert ledger.load(r).outstanding_tokens >= 0
-            assert ledger.load(r).in_flight >= 0
+            load = ledger.load(r)
+            assert load.outstanding_tokens >= load.prefill_tokens >= 0
+            assert load.in_flight >= 0
         if not plan:
             steps.pop(i)
     for r in REPLICAS:
         assert ledger.load(r).outstanding_tokens == 0
         assert ledger.load(r).in_flight == 0
+        assert ledger.load(r).prefill_tokens == 0
 
 
 def test_lease_releases_prompt_at_first_token_and_output_per_token() -> None:
     ledger = InProcessLedger()
     lease = ledger.lease("a", 100, 10)
-    assert (ledger.load("a").outstanding_tokens, ledger.load("a").in_flight) == (110, 1)
+    assert ledger.load("a") == ReplicaLoad(outstanding_tokens=110, in_flight=1, prefill_tokens=100)
     lease.first_token()
-    assert ledger.load("a").outstanding_tokens == 10
+    assert ledger.load("a") == ReplicaLoad(10, 1, prefill_tokens=0)
     lease.generated(3)
     assert ledger.load("a").outstanding_tokens == 7
     lease.close()
-    assert (ledger.load("a").outstanding_tokens, ledger.load("a").in_flight) == (0, 0)
+    assert ledger.load("a") == ReplicaLoad(0, 0, 0)
+    cancelled = ledger.lease("a", 50, 5)  # never prefilled: its prompt leaves at close
+    cancelled.close()
+    assert ledger.load("a") == ReplicaLoad(0, 0, 0)

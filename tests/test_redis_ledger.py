@@ -44,12 +44,14 @@ def loads(ledger: RedisLedger, replicas: list[str] = REPLICAS) -> dict[str, tupl
 def test_view_is_own_exact_plus_peers_replaced_wholesale() -> None:
     ours = ledger()
     lease = ours.lease("a", 100, 20)
-    ours.set_peers({"p1": {"a": ReplicaLoad(50, 1)}, "p2": {"a": ReplicaLoad(7, 1),
-                                                           "b": ReplicaLoad(3, 1)}})
+    ours.set_peers({"p1": {"a": ReplicaLoad(50, 1, 40)}, "p2": {"a": ReplicaLoad(7, 1),
+                                                               "b": ReplicaLoad(3, 1)}})
     assert loads(ours) == {"a": (177, 3), "b": (3, 1), "c": (0, 0)}
-    assert ours.own_load("a") == ReplicaLoad(120, 1)
+    assert ours.load("a").prefill_tokens == 140
+    assert ours.own_load("a") == ReplicaLoad(120, 1, 100)
     lease.first_token()  # own changes apply at once, peers' part unchanged
     assert loads(ours)["a"] == (77, 3)
+    assert ours.load("a").prefill_tokens == 40
     ours.set_peers({"p1": {"a": ReplicaLoad(5, 1)}})  # p2 gone, p1 replaced, not added
     assert loads(ours) == {"a": (25, 2), "b": (0, 0), "c": (0, 0)}
     lease.close()
@@ -58,9 +60,10 @@ def test_view_is_own_exact_plus_peers_replaced_wholesale() -> None:
     assert ours.snapshot() == {r: ReplicaLoad(0, 0) for r in ("a", "b", "c")}
 
 
-def test_parse_load_accepts_only_two_non_negative_integers() -> None:
-    assert parse_load("12 3") == ReplicaLoad(12, 3)
-    for bad in ("", "12", "-1 0", "1 -1", "1.5 2", "a b", "1 2 3"):
+def test_parse_load_accepts_only_non_negative_integers() -> None:
+    assert parse_load("12 3 5") == ReplicaLoad(12, 3, 5)
+    assert parse_load("12 3") == ReplicaLoad(12, 3, 0)  # a peer still on the older format
+    for bad in ("", "12", "-1 0", "1 -1", "1.5 2", "a b", "1 2 -3", "1 2 3 4"):
         assert parse_load(bad) is None
 
 
@@ -146,7 +149,8 @@ async def test_two_ledgers_see_each_other_through_redis(shared) -> None:
     assert loads(b)["a"] == (1100, 1)
     assert b.own_load("a") == ReplicaLoad(0, 0)
     assert set(b.peers) == {"A"}
-    assert await redis.hgetall(f"{prefix}load:A") == {"a": "1100 1"}
+    assert await redis.hgetall(f"{prefix}load:A") == {"a": "1100 1 1000"}
+    assert b.load("a").prefill_tokens == 1000
     b_lease = b.lease("b", 10, 5)
     await b.sync(redis)
     await a.sync(redis)

@@ -64,15 +64,25 @@ def test_a_cached_prefix_wins_while_it_saves_more_than_the_extra_load() -> None:
     rs, ledger = replicas(2), InProcessLedger()
     p = policy()
     cost = RequestCost(2000, 100, system_prompt(1))
+    bonus = p.weights.prefix_weight * 2000  # ~ what the cached prefix is worth there
     first = p.select(rs, cost, ledger)
     other = next(r for r in rs if r is not first)
-    ledger.lease(first.name, 0, 1500)  # busier by 1,500 tokens, but saves ~2,000 of prefill
+    ledger.lease(first.name, 0, int(0.8 * bonus))  # busier, but by less than the bonus
     assert p.select(rs, cost, ledger) is first
-    ledger.lease(first.name, 0, 1000)  # now 2,500 busier: the prefix no longer pays
+    ledger.lease(first.name, 0, int(0.4 * bonus))  # now busier by more: the prefix no longer pays
     assert p.select(rs, cost, ledger) is other
     # ... and the other replica has learnt the prefix: it now wins on equal terms
-    ledger.lease(other.name, 0, 2500)
+    ledger.lease(other.name, 0, int(1.2 * bonus))
     assert p.select(rs, cost, ledger) in rs
+
+
+def test_prefill_weight_prices_prompt_tokens_still_to_prefill() -> None:
+    rs, ledger = replicas(2), InProcessLedger()
+    ledger.lease("r0", 1000, 0)  # owes a 1,000-token prefill
+    ledger.lease("r1", 0, 1200)  # owes 1,200 output tokens
+    cost = RequestCost(100, 100)
+    assert policy(session_tokens=0).select(rs, cost, ledger).name == "r0"
+    assert policy(prefill_weight=1.5).select(rs, cost, ledger).name == "r1"
 
 
 def test_a_popular_prefix_spreads_instead_of_starving_the_other_replicas() -> None:
@@ -151,7 +161,7 @@ def test_a_nearly_full_kv_cache_makes_a_replica_look_busier() -> None:
     rs, ledger = replicas(2), InProcessLedger()
     ledger.lease("r0", 0, 1000)
     ledger.lease("r1", 0, 1300)
-    rs[0].signals = EngineSignals(running=1, waiting=0, kv_usage=0.99, scraped_at=5.0,
+    rs[0].signals = EngineSignals(running=1, waiting=0, kv_usage=0.999, scraped_at=5.0,
                                   ledger_in_flight=1)
     rs[1].signals = EngineSignals(running=1, waiting=0, kv_usage=0.5, scraped_at=5.0,
                                   ledger_in_flight=1)

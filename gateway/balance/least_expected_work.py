@@ -3,18 +3,26 @@
 Every candidate replica gets a score, in output-token equivalents (lowest wins, ties at
 random):
 
-    score = outstanding tokens (the ledger: live, decremented as tokens stream)
-          + prefill_weight * (this prompt's tokens - prefix_weight * tokens cached there)
+    score = output tokens still to generate there         (the ledger: live, per token)
+          + prefill_weight * prompt tokens still to prefill there (the ledger, this one's too)
+          - prefix_weight * this prompt's tokens cached there
           + signals_weight * (engine work the ledger does not explain + KV pressure)
           - session_tokens                          (only the session's last replica)
 
-- **Live remaining work.** The ledger's outstanding tokens are the prompt tokens not yet
-  prefilled plus the output tokens still expected, released as tokens stream back.
+- **Live remaining work.** The ledger keeps, per replica, the prompt tokens not yet
+  prefilled (released at each request's first token) and the output tokens still expected
+  (released as they stream back). ``prefill_weight`` prices a prompt token in output tokens:
+  1 by default, because on the calibrated profile the measured optimum sits there (a prompt
+  token is ~5x cheaper in GPU time, but it is owed up front, before any first token, while
+  decode work is spread over the whole batch's life; see README "Scheduling").
 - **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
-  (bounded LRU per replica, recorded at selection). A replica that holds this prompt's
-  prefix would skip that prefill, so it scores lower by those tokens, but only by those: once
-  it owes more than the prefill it saves, another replica wins (and learns the prefix), so
-  a popular prefix spreads instead of starving the others.
+  (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix
+  scores lower by ``prefix_weight`` output tokens per cached prompt token: the prefill it
+  skips, plus what keeping a prefix on one replica is worth beyond that (the hit does not
+  stall that replica's running batch, and the prefix does not evict other prompts from a
+  second replica's cache). It is a bounded bonus: once that replica owes more than the bonus,
+  another one wins (and learns the prefix), so a popular prefix spreads instead of starving
+  the others.
 - **Engine signals** (``fleet/engine_signals.py``), only while fresh
   (``signals_max_age`` scrape intervals): requests the engine holds beyond the ledger's
   in-flight count at the same moment (work other clients sent it directly) count as that
@@ -69,12 +77,13 @@ class LeastExpectedWork:
         now = self.clock()
 
         def score(replica: Replica) -> float:
-            outstanding = ledger.load(replica.name).outstanding_tokens
-            prefill = float(cost.prompt_tokens)
+            load = ledger.load(replica.name)
+            outstanding = load.outstanding_tokens
+            total = (outstanding - load.prefill_tokens
+                     + w.prefill_weight * (load.prefill_tokens + cost.prompt_tokens))
             if blocks:
                 cached = self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
-                prefill -= w.prefix_weight * min(cached, cost.prompt_tokens)
-            total = outstanding + w.prefill_weight * prefill
+                total -= w.prefix_weight * min(cached, cost.prompt_tokens)
             if w.signals_weight and replica.signals is not None:
                 total += w.signals_weight * self._engine_work(replica.signals, outstanding, now)
             if replica.name == sticky:

@@ -1,7 +1,8 @@
 """The load ledger: outstanding tokens and in-flight requests per replica.
 
 A replica's outstanding tokens are the work it still owes: for each in-flight request,
-the prompt tokens not yet prefilled plus the output tokens still expected. Every change goes
+the prompt tokens not yet prefilled plus the output tokens still expected; the first part is
+also kept on its own (``prefill_tokens``), so a policy can weigh the two kinds of work. Every change goes
 through a ``Lease`` (one per request), which releases each token it reserved exactly once,
 so totals can never drift or go negative, whatever path a request ends on.
 
@@ -20,6 +21,15 @@ from typing import Callable
 class ReplicaLoad:
     outstanding_tokens: int = 0
     in_flight: int = 0
+    prefill_tokens: int = 0  # the part of outstanding_tokens that is prompts not yet prefilled
+
+    def add(self, tokens: int, requests: int, prefill: int) -> None:
+        self.outstanding_tokens += tokens
+        self.in_flight += requests
+        self.prefill_tokens += prefill
+
+    def copy(self) -> "ReplicaLoad":
+        return ReplicaLoad(self.outstanding_tokens, self.in_flight, self.prefill_tokens)
 
 
 class LoadLedger(ABC):
@@ -33,8 +43,9 @@ class LoadLedger(ABC):
         return self.load(replica)
 
     @abstractmethod
-    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
-        """Apply a delta. Only leases call this."""
+    def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
+        """Apply a delta (``prefill``: the part of ``tokens`` that is unprefilled prompt).
+        Only leases call this."""
 
     def lease(self, replica: str, prompt_tokens: int, output_tokens: int) -> "Lease":
         """Reserve a request's whole cost on ``replica`` at dispatch."""
@@ -56,13 +67,11 @@ class InProcessLedger(LoadLedger):
             load = self._loads[replica] = ReplicaLoad()
         return load
 
-    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
-        load = self.load(replica)
-        load.outstanding_tokens += tokens
-        load.in_flight += requests
+    def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
+        self.load(replica).add(tokens, requests, prefill)
 
     def snapshot(self) -> dict[str, ReplicaLoad]:
-        return {name: ReplicaLoad(l.outstanding_tokens, l.in_flight) for name, l in self._loads.items()}
+        return {name: load.copy() for name, load in self._loads.items()}
 
 
 class Lease:
@@ -76,7 +85,7 @@ class Lease:
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # e.g. wake a request queued for a slot
-        ledger._adjust(replica, prompt_tokens + output_tokens, 1)
+        ledger._adjust(replica, prompt_tokens + output_tokens, 1, prompt_tokens)
 
     @property
     def remaining(self) -> int:
@@ -85,7 +94,7 @@ class Lease:
     def first_token(self) -> None:
         """The prompt is prefilled: its part of the reservation is done."""
         if self.prompt_tokens and not self.closed:
-            self.ledger._adjust(self.replica, -self.prompt_tokens, 0)
+            self.ledger._adjust(self.replica, -self.prompt_tokens, 0, -self.prompt_tokens)
             self.prompt_tokens = 0
 
     def generated(self, tokens: int) -> None:
@@ -99,7 +108,8 @@ class Lease:
         """Release whatever is left: completion, error, timeout or disconnect alike."""
         if not self.closed:
             self.closed = True
-            self.ledger._adjust(self.replica, -(self.prompt_tokens + self.output_tokens), -1)
+            self.ledger._adjust(self.replica, -(self.prompt_tokens + self.output_tokens), -1,
+                                -self.prompt_tokens)
             self.prompt_tokens = self.output_tokens = 0
             if self.on_close is not None:
                 self.on_close()

@@ -39,15 +39,16 @@ from gateway.shared.keys import SharedKeys
 ANNOUNCE_TOKENS = 64
 
 # KEYS: instances zset, own load hash. ARGV: instance id, ttl ms, load key prefix, channel to
-# announce a change on ("" = none), then (replica, outstanding tokens, in flight) triples.
+# announce a change on ("" = none), then (replica, outstanding tokens, in flight, prefill
+# tokens) quadruples.
 # Returns [peer id, [field, value, ...], ...].
 _SYNC = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 redis.call('DEL', KEYS[2])
-for i = 5, #ARGV, 3 do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2])
+for i = 5, #ARGV, 4 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2] .. ' ' .. ARGV[i + 3])
 end
 if #ARGV > 4 then redis.call('PEXPIRE', KEYS[2], ttl) end
 if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[1]) end
@@ -66,11 +67,12 @@ return out
 
 
 def parse_load(value: str) -> ReplicaLoad | None:
-    """``"<tokens> <in_flight>"`` -> ReplicaLoad; None if malformed or negative."""
+    """``"<tokens> <in_flight> <prefill tokens>"`` -> ReplicaLoad; None if malformed or
+    negative. The two-number form of earlier versions is read as no prefill (rolling upgrade)."""
     parts = value.split()
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
         return None
-    return ReplicaLoad(int(parts[0]), int(parts[1]))
+    return ReplicaLoad(*map(int, parts))
 
 
 class RedisLedger(LoadLedger):
@@ -103,17 +105,15 @@ class RedisLedger(LoadLedger):
             own = self._own[replica] = ReplicaLoad()
         return own
 
-    def _adjust(self, replica: str, tokens: int, requests: int) -> None:
-        for load in (self.own_load(replica), self.load(replica)):
-            load.outstanding_tokens += tokens
-            load.in_flight += requests
+    def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
+        self.own_load(replica).add(tokens, requests, prefill)
+        self.load(replica).add(tokens, requests, prefill)
         if requests or abs(tokens) >= ANNOUNCE_TOKENS:
             self._announce = True
             self.wake.set()
 
     def snapshot(self) -> dict[str, ReplicaLoad]:
-        return {name: ReplicaLoad(l.outstanding_tokens, l.in_flight)
-                for name, l in self._view.items()}
+        return {name: load.copy() for name, load in self._view.items()}
 
     # --- sharing ---
 
@@ -123,14 +123,14 @@ class RedisLedger(LoadLedger):
         others: dict[str, ReplicaLoad] = {}
         for loads in peers.values():
             for replica, load in loads.items():
-                total = others.setdefault(replica, ReplicaLoad())
-                total.outstanding_tokens += load.outstanding_tokens
-                total.in_flight += load.in_flight
+                others.setdefault(replica, ReplicaLoad()).add(
+                    load.outstanding_tokens, load.in_flight, load.prefill_tokens)
         none = ReplicaLoad()
         for replica in self._view.keys() | others.keys() | self._own.keys():
             own, other, view = self.own_load(replica), others.get(replica, none), self.load(replica)
             view.outstanding_tokens = own.outstanding_tokens + other.outstanding_tokens
             view.in_flight = own.in_flight + other.in_flight
+            view.prefill_tokens = own.prefill_tokens + other.prefill_tokens
 
     async def sync(self, redis: Redis) -> None:
         """One round trip: publish own load and heartbeat, read the live peers' load."""
@@ -141,7 +141,7 @@ class RedisLedger(LoadLedger):
                                  self.keys.load_events if announce else ""]
         for replica, load in self._own.items():
             if load.outstanding_tokens or load.in_flight:
-                args += [replica, load.outstanding_tokens, load.in_flight]
+                args += [replica, load.outstanding_tokens, load.in_flight, load.prefill_tokens]
         try:
             reply = await self._script(keys=[self.keys.instances, self.keys.load(self.instance)],
                                        args=args, client=redis)

@@ -11,9 +11,10 @@ key                                    type    what
 ``{p}instances``                       zset    live gateway instances; score = heartbeat
                                                expiry (Redis server clock, ms)
 ``{p}load:{instance}``                 hash    that instance's own load: replica ->
-                                               ``"<outstanding_tokens> <in_flight>"``
-                                               (non-zero replicas only; expires with the
-                                               instance's heartbeat)
+                                               ``"<outstanding_tokens> <in_flight>``
+                                               ``<prefill_tokens>"`` (non-zero replicas
+                                               only; expires with the instance's
+                                               heartbeat)
 ``{p}load-events``                     pubsub  an instance id, published when its load
                                                changed enough that peers should re-read now
 ``{p}replica:ejected_until``           hash    replica -> wall-clock end of its outlier
