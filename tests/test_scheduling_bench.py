@@ -4,7 +4,8 @@ and the target check (the runs themselves are benchmarks, not tests)."""
 from __future__ import annotations
 
 from gateway.bench.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
-                                      check_targets, schedule)
+                                      check_targets, combine_seeds, schedule)
+from gateway.bench.scheduling_virtual import run_row as run_virtual
 
 
 def test_schedules_are_seeded_and_shaped_like_the_workloads() -> None:
@@ -53,3 +54,29 @@ def test_targets_are_checked_against_contenders_only() -> None:
     lines = check_targets("W2", starving)
     assert any(l.startswith("FAIL W2: every replica") for l in lines)
     assert any(l.startswith("PASS W2: at least as good") for l in lines)
+
+
+def test_seeds_combine_into_means_with_each_seed_kept() -> None:
+    def run(p99: float, tokens: float, per_replica: list[int]) -> dict:
+        return {"row": "x", "requests": 4, "ok": 4, "errors": {"http_429": 1}, "ttft_p50_s": 0.1,
+                "ttft_p99_s": p99, "ttft_p99_long_s": None, "output_tokens_per_s": tokens,
+                "requests_per_replica": per_replica, "prefix_cache_hit_rate": 0.5}
+    combined = combine_seeds("x", {1: run(1.0, 100.0, [1, 3]), 2: run(3.0, 200.0, [2, 2])})
+    assert combined["ttft_p99_s"] == 2.0 and combined["output_tokens_per_s"] == 150.0
+    assert combined["ttft_p99_s_by_seed"] == {1: 1.0, 2: 3.0}
+    assert combined["requests_per_replica"] == [3, 5] and combined["errors"] == {"http_429": 2}
+    assert combined["ttft_p99_long_s"] is None
+    failed = combine_seeds("x", {1: run(1.0, 1.0, [1]), 2: {"row": "x", "unavailable": "boom"}})
+    assert failed["unavailable"] == "boom"
+
+
+def test_virtual_time_runs_the_real_policies_deterministically() -> None:
+    """The tuning harness: same inputs, same figures; prefix affinity shows in the hit rate."""
+    w2 = WORKLOADS["W2"]
+    requests, arrivals = schedule(w2, 300, seed=5)
+    ours = run_virtual(w2, "least_expected_work", requests, arrivals)
+    assert ours == run_virtual(w2, "least_expected_work", requests, arrivals)
+    blind = run_virtual(w2, "least_expected_work:prefix_weight=0", requests, arrivals)
+    assert ours["prefix_cache_hit_rate"] > blind["prefix_cache_hit_rate"] + 0.05
+    assert sum(ours["requests_per_replica"]) == 300
+    assert ours["ttft_p50_s"] > 0 and ours["output_tokens_per_s"] > 0

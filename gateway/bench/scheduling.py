@@ -1,7 +1,7 @@
 """Scheduling benchmark: every balancing policy, and two peer routers, on three workloads.
 
     python -m gateway.bench.scheduling [--requests N] [--workloads W1 W2 W3] [--rows ...]
-        [--router-venv DIR] [--out scheduling.json] [--markdown scheduling.md]
+        [--seeds 1 2] [--router-venv DIR] [--out scheduling.json] [--markdown scheduling.md]
 
 Four simulated vLLM replicas of the calibrated profile (``llama3-8b-a100``, continuous
 batching, prefix cache on) on loopback; in front of them, one row at a time, our gateway
@@ -26,8 +26,15 @@ W3 22.4. ``--speed`` compresses or stretches time per workload (the simulated GP
 what the same GPUs would show. The default speeds keep the streamed tokens/s low enough that
 two CPU cores, not the policy, are never the limit.
 
+A TTFT p99 is set by a workload's worst ~1% of requests, so one schedule can favour one
+router by luck (a burst that happens to suit it); ``--seeds`` runs each row on several seeded
+schedules and reports each seed's figure and their mean.
+
 Output: a markdown table per workload (TTFT p50/p99, output tokens/s, requests per replica,
-prefix-cache hit rate) and every figure as JSON, plus the issue's targets checked.
+prefix-cache hit rate: means over the seeds, p99 also per seed) and every figure as JSON,
+plus the issue's targets checked on the means. ``gateway.bench.scheduling_virtual`` runs the
+same schedules through our policies in virtual time (no HTTP, deterministic, seconds per
+row), for tuning weights.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import contextlib
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -253,6 +261,34 @@ def _p99_ms(records: list) -> float | None:
     return distribution_ms(values)["p99"] if values else None
 
 
+def combine_seeds(row: str, by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One row over several schedules: means of the figures, p99 kept per seed too."""
+    failed = [r["unavailable"] for r in by_seed.values() if "unavailable" in r]
+    if failed:
+        return {"row": row, "unavailable": failed[0], "by_seed": by_seed}
+    runs = list(by_seed.values())
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in runs]
+        return None if None in values else round(statistics.mean(values), 3)
+
+    errors: dict[str, int] = {}
+    for r in runs:
+        for kind, n in r["errors"].items():
+            errors[kind] = errors.get(kind, 0) + n
+    return {
+        "row": row, "requests": sum(r["requests"] for r in runs),
+        "ok": sum(r["ok"] for r in runs), "errors": errors,
+        "ttft_p50_s": mean("ttft_p50_s"), "ttft_p99_s": mean("ttft_p99_s"),
+        "ttft_p99_s_by_seed": {seed: r["ttft_p99_s"] for seed, r in by_seed.items()},
+        "ttft_p99_long_s": mean("ttft_p99_long_s"),
+        "output_tokens_per_s": mean("output_tokens_per_s"),
+        "requests_per_replica": [sum(n) for n in zip(*(r["requests_per_replica"] for r in runs))],
+        "prefix_cache_hit_rate": mean("prefix_cache_hit_rate"),
+        "by_seed": by_seed,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -296,10 +332,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines = []
     for name, res in results["workloads"].items():
         w = WORKLOADS[name]
-        lines += [f"**{name} {w.title}** ({res['requests']} requests, "
-                  f"{res['mean_rate']:.1f} req/s mean, speed {w.speed:g})", "",
-                  "| row | TTFT p50 s | TTFT p99 s | output tok/s | requests per replica "
-                  "| prefix hit |", "|---|---:|---:|---:|---|---:|"]
+        seeds = res.get("seeds", [1])
+        lines += [f"**{name} {w.title}** ({res['requests']} requests per seed, seeds "
+                  f"{', '.join(map(str, seeds))}; {res['mean_rate']:.1f} req/s mean, speed "
+                  f"{w.speed:g})", "",
+                  "| row | TTFT p50 s | TTFT p99 s (per seed) | output tok/s | requests per "
+                  "replica | prefix hit |", "|---|---:|---:|---:|---|---:|"]
         for r in res["rows"]:
             if "unavailable" in r:
                 lines.append(f"| {r['row']} | unavailable: {r['unavailable']} | | | | |")
@@ -307,7 +345,11 @@ def markdown(results: dict[str, Any]) -> str:
             errors = f" ({sum(r['errors'].values())} errors)" if r["errors"] else ""
             hit = r["prefix_cache_hit_rate"]
             per_replica = "/".join(map(str, r["requests_per_replica"]))
-            lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {r['ttft_p99_s']} | "
+            per_seed = r.get("ttft_p99_s_by_seed", {})
+            p99 = str(r['ttft_p99_s'])
+            if len(per_seed) > 1:
+                p99 += f" ({' / '.join(str(v) for v in per_seed.values())})"
+            lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {p99} | "
                          f"{r['output_tokens_per_s']} | {per_replica}"
                          f" | {'' if hit is None else f'{hit:.0%}'} |")
         lines += [""] + [f"- {t}" for t in res["targets"]] + [""]
@@ -323,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="policies of ours (optionally `policy:key=value,...` with "
                              "scheduling weights, for ablations) and peer router rows")
     parser.add_argument("--requests", type=int, default=800, help="per workload and row")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1],
+                        help="seeded schedules per workload (each row runs all of them)")
     parser.add_argument("--router-venv", type=Path, default=Path(os.environ.get(
         "BENCH_VENV", "/work/bench-venv")), help="venv holding sglang-router and vllm-router")
     parser.add_argument("--out", type=Path, default=Path("scheduling.json"))
@@ -333,21 +376,24 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"workloads": {}, "command": " ".join(sys.argv)}
     for name in args.workloads:
         w = WORKLOADS[name]
-        requests, arrivals = schedule(w, args.requests, args.seed)
-        res = {"requests": len(requests), "mean_rate": len(arrivals) / arrivals[-1], "rows": []}
+        schedules = {seed: schedule(w, args.requests, seed) for seed in args.seeds}
+        res = {"requests": args.requests, "seeds": args.seeds, "mean_rate": statistics.mean(
+            len(arr) / arr[-1] for _, arr in schedules.values()), "rows": []}
         results["workloads"][name] = res
         for row in args.rows:
             why = unavailable(row, args.router_venv)
             if why:
                 res["rows"].append({"row": row, "unavailable": why})
                 continue
-            print(f"{name} {row} ...", file=sys.stderr, flush=True)
-            try:
-                r = run_row(w, row, requests, arrivals, args.router_venv)
-            except (RuntimeError, TimeoutError, OSError) as exc:
-                r = {"row": row, "unavailable": f"failed to run: {exc}"}
-            res["rows"].append(r)
-            print(f"  {r}", file=sys.stderr, flush=True)
+            by_seed = {}
+            for seed, (requests, arrivals) in schedules.items():
+                print(f"{name} seed {seed} {row} ...", file=sys.stderr, flush=True)
+                try:
+                    by_seed[seed] = run_row(w, row, requests, arrivals, args.router_venv)
+                except (RuntimeError, TimeoutError, OSError) as exc:
+                    by_seed[seed] = {"row": row, "unavailable": f"failed to run: {exc}"}
+                print(f"  {by_seed[seed]}", file=sys.stderr, flush=True)
+            res["rows"].append(combine_seeds(row, by_seed))
         res["targets"] = check_targets(name, res["rows"])
         args.out.write_text(json.dumps(results, indent=2))
     text = markdown(results)

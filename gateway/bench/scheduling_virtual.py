@@ -1,0 +1,183 @@
+"""The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
+
+    python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
+        [--requests N] [--seeds 1 2 3]
+
+The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
+simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
+arrival goes through the real policy object and ledger, each engine step's tokens release the
+lease as the relay would. A row takes about a second and the same inputs give the same
+figures, so weights can be compared over many seeds without the wall-clock benchmark's noise.
+
+What it leaves out is what the wall-clock benchmark is for: the HTTP path, scrape timing,
+gateway CPU, and the peer routers. Engine signals are scraped every ``signals_interval``
+simulated seconds from the schedulers' own gauges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.balance.ledger import InProcessLedger, Lease
+from gateway.balance.policy import RequestCost, make_policy
+from gateway.balance.prefix_index import prompt_blocks
+from gateway.bench.loadgen import Request
+from gateway.bench.scheduling import (ABLATIONS, OUR_POLICIES, REPLICAS, WORKLOADS,
+                                      Workload, _row_settings, schedule)
+from gateway.config import SchedulingConfig
+from gateway.fleet.engine_signals import EngineSignals
+from gateway.fleet.replica import Replica
+from gateway.sim.engine import BatchScheduler, Sequence, block_hashes
+from gateway.sim.metrics import make_meter
+from gateway.sim.profiles import PROFILES
+from gateway.window import ESTIMATED_BYTES_PER_TOKEN
+
+PROFILE = "llama3-8b-a100"
+
+
+@dataclass
+class _Engine:
+    replica: Replica
+    sched: BatchScheduler
+    busy: bool = False
+
+
+def _tokens(text: str) -> list[int]:
+    """Token ids as the simulated replicas count them: the synthetic prompts are whole words,
+    one token each (``workload.synthetic_prompt``); ids only need to be equal for equal words."""
+    return [hash(word) for word in text.split(" ")[1:]]
+
+
+def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float]) -> dict[str, Any]:
+    policy_name, overrides = _row_settings(row)
+    weights = SchedulingConfig(**overrides)
+    policy = make_policy(policy_name, weights)
+    if hasattr(policy, "rng"):
+        policy.rng = random.Random(0)  # ties broken the same way every run
+    now = 0.0
+    if hasattr(policy, "clock"):
+        policy.clock = lambda: now  # type: ignore[attr-defined]
+    profile = PROFILES[PROFILE]
+    if w.kv_capacity_tokens:
+        profile = profile.with_overrides(kv_capacity_tokens=w.kv_capacity_tokens)
+    ledger = InProcessLedger()
+    engines = [_Engine(Replica(f"r{i}", f"http://r{i}", "vllm", "m", "default"),
+                       BatchScheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
+               for i in range(REPLICAS)]
+    replicas = [e.replica for e in engines]
+    leases: dict[int, tuple[Lease, int]] = {}  # id(seq) -> lease, tokens already released
+    per_replica = [0] * REPLICAS
+    ttft: list[float] = []
+    ttft_long: list[float] = []
+    generated = 0
+    events: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
+    ARRIVE, STEP_END, SCRAPE = 0, 1, 2
+    order = 0
+
+    def push(at: float, kind: int, payload: Any) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(events, (at, order, kind, payload))
+
+    def start_step(i: int, at: float) -> None:
+        e = engines[i]
+        duration, emitting = e.sched.step(at)
+        e.busy = bool(emitting or duration)
+        if e.busy:
+            push(at + duration, STEP_END, (i, emitting))
+
+    for k, at in enumerate(arrivals):
+        push(at, ARRIVE, k)
+    if weights.signals_weight:
+        push(weights.signals_interval, SCRAPE, None)
+    finished = 0
+    while events and finished < len(requests):
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == ARRIVE:
+            req = requests[payload]
+            text = req.prompt
+            ids = _tokens(text)
+            cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), req.max_tokens,
+                               prompt_blocks(text))
+            chosen = policy.select(replicas, cost, ledger)
+            i = replicas.index(chosen)
+            per_replica[i] += 1
+            seq = Sequence(len(ids), req.max_tokens,
+                           block_hashes=block_hashes(ids, profile.block_size))
+            seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
+            leases[id(seq)] = (ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens), 0)
+            engines[i].sched.add(seq, now)
+            if not engines[i].busy:
+                start_step(i, now)
+        elif kind == STEP_END:
+            i, emitting = payload
+            for s in emitting:
+                lease, seen = leases[id(s)]
+                if seen == 0:
+                    lease.first_token()
+                    ttft.append(s.first_token_at - s.arrived)
+                    if s.waiter.tag == "long":  # type: ignore[union-attr]
+                        ttft_long.append(s.first_token_at - s.arrived)
+                lease.generated(s.generated - seen)
+                generated += s.generated - seen
+                leases[id(s)] = (lease, s.generated)
+                if s.finished:
+                    lease.close()
+                    del leases[id(s)]
+                    finished += 1
+            start_step(i, now)
+        else:
+            for e in engines:
+                s = e.sched
+                e.replica.signals = EngineSignals(
+                    len(s.running), len(s.waiting), s.kv_used / profile.kv_capacity_tokens,
+                    scraped_at=now, ledger_in_flight=ledger.load(e.replica.name).in_flight)
+            push(now + weights.signals_interval, SCRAPE, None)
+    meters = [e.sched.meter for e in engines]
+    queries = sum(m.prefix_queries for m in meters)
+    return {
+        "row": row, "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p99_s": round(_pct(ttft, 99), 3),
+        "ttft_p99_long_s": round(_pct(ttft_long, 99), 3) if ttft_long else None,
+        "output_tokens_per_s": round(generated / (now - arrivals[0]), 1),
+        "requests_per_replica": per_replica,
+        "prefix_cache_hit_rate": round(sum(m.prefix_hits for m in meters) / queries, 3),
+        "preemptions": sum(m.preemptions for m in meters),
+    }
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.bench.scheduling_virtual",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--rows", nargs="+", default=[*OUR_POLICIES, *ABLATIONS],
+                        help="policies, optionally `policy:key=value,...` with scheduling weights")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    args = parser.parse_args(argv)
+    for name in args.workloads:
+        w = WORKLOADS[name]
+        print(f"{name} {w.title}: TTFT p99 s per seed (median) | p50 | tok/s | per replica")
+        schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
+        for row in args.rows:
+            results = [run_row(w, row, reqs, arr) for reqs, arr in schedules]
+            p99 = [r["ttft_p99_s"] for r in results]
+            print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}  ({statistics.median(p99):.2f})"
+                  f" | {statistics.median(r['ttft_p50_s'] for r in results):.3f}"
+                  f" | {statistics.median(r['output_tokens_per_s'] for r in results):.0f}"
+                  f" | {results[0]['requests_per_replica']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
