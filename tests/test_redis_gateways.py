@@ -27,6 +27,7 @@ import pytest
 import redis
 import yaml
 
+from gateway.balance.redis_ledger import parse_load
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
 from support import ROOT, free_port, running, sim, wait_ready
 
@@ -85,10 +86,12 @@ def shared_totals(client: redis.Redis, prefix: str) -> dict[str, list[int]]:
     totals: dict[str, list[int]] = {}
     for key in client.scan_iter(match=f"{prefix}load:*"):
         for replica, value in client.hgetall(key).items():
-            tokens, in_flight = map(int, value.split())
-            total = totals.setdefault(replica, [0, 0])
-            total[0] += tokens
-            total[1] += in_flight
+            load = parse_load(value)
+            assert load is not None, value
+            total = totals.setdefault(replica, [0, 0, 0])
+            total[0] += load.outstanding_tokens
+            total[1] += load.in_flight
+            total[2] += load.prefill_tokens
     return totals
 
 
