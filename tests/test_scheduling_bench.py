@@ -80,3 +80,15 @@ def test_virtual_time_runs_the_real_policies_deterministically() -> None:
     assert ours["prefix_cache_hit_rate"] > blind["prefix_cache_hit_rate"] + 0.05
     assert sum(ours["requests_per_replica"]) == 300
     assert ours["ttft_p50_s"] > 0 and ours["output_tokens_per_s"] > 0
+
+
+def test_virtual_time_engine_signals_see_traffic_the_ledger_does_not() -> None:
+    """Another client sends a fifth of the load straight to the first replica: with engine
+    signals the gateway sends it less of its own than without."""
+    w1 = WORKLOADS["W1"]
+    requests, arrivals = schedule(w1, 400, seed=2)
+    seen = run_virtual(w1, "least_expected_work", requests, arrivals, direct_share=0.2)
+    blind = run_virtual(w1, "least_expected_work:signals_weight=0", requests, arrivals,
+                        direct_share=0.2)
+    assert sum(seen["requests_per_replica"]) == sum(blind["requests_per_replica"]) < 400
+    assert seen["requests_per_replica"][0] < 0.5 * blind["requests_per_replica"][0]

@@ -1,7 +1,7 @@
 """The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
 
     python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
-        [--requests N] [--seeds 1 2 3]
+        [--requests N] [--seeds 1 2 3] [--direct-share 0.2]
 
 The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
 simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
@@ -54,7 +54,10 @@ def _tokens(text: str) -> list[int]:
     return [hash(word) for word in text.split(" ")[1:]]
 
 
-def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float]) -> dict[str, Any]:
+def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
+            direct_share: float = 0.0) -> dict[str, Any]:
+    """One row; ``direct_share`` of the requests (seeded) are sent by another client straight to
+    the first replica, past the gateway and its ledger (their TTFTs are not reported)."""
     policy_name, overrides = _row_settings(row)
     weights = SchedulingConfig(**overrides)
     policy = make_policy(policy_name, weights)
@@ -71,7 +74,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                        BatchScheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
                for i in range(REPLICAS)]
     replicas = [e.replica for e in engines]
-    leases: dict[int, tuple[Lease, int]] = {}  # id(seq) -> lease, tokens already released
+    leases: dict[int, tuple[Lease | None, int]] = {}  # id(seq) -> lease, tokens released
+    direct = random.Random(7)
     per_replica = [0] * REPLICAS
     ttft: list[float] = []
     ttft_long: list[float] = []
@@ -105,13 +109,17 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             ids = _tokens(text)
             cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), req.max_tokens,
                                prompt_blocks(text))
-            chosen = policy.select(replicas, cost, ledger)
-            i = replicas.index(chosen)
-            per_replica[i] += 1
             seq = Sequence(len(ids), req.max_tokens,
                            block_hashes=block_hashes(ids, profile.block_size))
             seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
-            leases[id(seq)] = (ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens), 0)
+            if direct_share and direct.random() < direct_share:
+                i, lease = 0, None
+            else:
+                chosen = policy.select(replicas, cost, ledger)
+                i = replicas.index(chosen)
+                per_replica[i] += 1
+                lease = ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens)
+            leases[id(seq)] = (lease, 0)
             engines[i].sched.add(seq, now)
             if not engines[i].busy:
                 start_step(i, now)
@@ -119,6 +127,12 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             i, emitting = payload
             for s in emitting:
                 lease, seen = leases[id(s)]
+                leases[id(s)] = (lease, s.generated)
+                if s.finished:
+                    del leases[id(s)]
+                    finished += 1
+                if lease is None:
+                    continue
                 if seen == 0:
                     lease.first_token()
                     ttft.append(s.first_token_at - s.arrived)
@@ -126,11 +140,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                         ttft_long.append(s.first_token_at - s.arrived)
                 lease.generated(s.generated - seen)
                 generated += s.generated - seen
-                leases[id(s)] = (lease, s.generated)
                 if s.finished:
                     lease.close()
-                    del leases[id(s)]
-                    finished += 1
             start_step(i, now)
         else:
             for e in engines:
@@ -164,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="policies, optionally `policy:key=value,...` with scheduling weights")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--direct-share", type=float, default=0.0,
+                        help="share of the requests another client sends straight to the first "
+                             "replica, unseen by the gateway's ledger (what engine signals are for)")
     args = parser.parse_args(argv)
     for name in args.workloads:
         w = WORKLOADS[name]
         print(f"{name} {w.title}: TTFT p99 s per seed (median) | p50 | tok/s | per replica")
         schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
         for row in args.rows:
-            results = [run_row(w, row, reqs, arr) for reqs, arr in schedules]
+            results = [run_row(w, row, reqs, arr, args.direct_share) for reqs, arr in schedules]
             p99 = [r["ttft_p99_s"] for r in results]
             print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}  ({statistics.median(p99):.2f})"
                   f" | {statistics.median(r['ttft_p50_s'] for r in results):.3f}"
