@@ -13,7 +13,7 @@ random):
   prefilled (released at each request's first token) and the output tokens still expected
   (released as they stream back). ``prefill_weight`` prices a prompt token in output tokens:
   1 by default, because on the calibrated profile the measured optimum sits there (a prompt
-  token is ~5x cheaper in GPU time, but it is owed up front, before any first token, while
+  token costs the GPU several times less time, but it is owed up front, before any first token, while
   decode work is spread over the whole batch's life; see README "Scheduling").
 - **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
   (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix

@@ -187,7 +187,10 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
         cmd = [str(venv / "bin" / script)]
         if script == "sglang-router":
             cmd.append("launch")
-        cmd += ["--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *urls]
+        cmd += ["--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *urls,
+                # their metrics exporter defaults to a fixed port (29000) on every interface:
+                # a leftover router there fails the row
+                "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
         ready = f"http://{HOST}:{port}/v1/models"
     else:
         policy, overrides = _row_settings(row)
