@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -375,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("scheduling.json"))
     parser.add_argument("--markdown", type=Path, default=Path("scheduling.md"))
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the replicas and routers of the row in progress are
+    # stopped (a router left behind keeps its ports and fails later rows).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     results: dict[str, Any] = {"workloads": {}, "command": " ".join(sys.argv)}
     for name in args.workloads:
