@@ -13,8 +13,8 @@ random):
   prefilled (released at each request's first token) and the output tokens still expected
   (released as they stream back). ``prefill_weight`` prices a prompt token in output tokens:
   1 by default, because on the calibrated profile the measured optimum sits there (a prompt
-  token costs the GPU several times less time, but it is owed up front, before any first token, while
-  decode work is spread over the whole batch's life; see README "Scheduling").
+  token costs the GPU several times less time, but it is owed up front, before any first
+  token, while decode work is spread over the whole batch's life; see README "Scheduling").
 - **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
   (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix
   scores lower by ``prefix_weight`` output tokens per cached prompt token: the prefill it

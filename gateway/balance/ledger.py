@@ -2,9 +2,10 @@
 
 A replica's outstanding tokens are the work it still owes: for each in-flight request,
 the prompt tokens not yet prefilled plus the output tokens still expected; the first part is
-also kept on its own (``prefill_tokens``), so a policy can weigh the two kinds of work. Every change goes
-through a ``Lease`` (one per request), which releases each token it reserved exactly once,
-so totals can never drift or go negative, whatever path a request ends on.
+also kept on its own (``prefill_tokens``), so a policy can weigh the two kinds of work.
+Every change goes through a ``Lease`` (one per request), which releases each token it
+reserved exactly once, so totals can never drift or go negative, whatever path a request
+ends on.
 
 ``LoadLedger`` is the interface policies read; ``InProcessLedger`` serves one gateway
 process. A shared (Redis-backed) ledger implements the same interface.

@@ -176,19 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--direct-share", type=float, default=0.0,
-                        help="share of the requests another client sends straight to the first "
-                             "replica, unseen by the gateway's ledger (what engine signals are for)")
+                        help="share of the requests another client sends straight to the "
+                             "first replica, unseen by the gateway's ledger (what engine "
+                             "signals are for)")
     args = parser.parse_args(argv)
     for name in args.workloads:
         w = WORKLOADS[name]
-        print(f"{name} {w.title}: TTFT p99 s per seed (median) | p50 | tok/s | per replica")
+        print(f"{name} {w.title}: TTFT p99 s per seed (mean) | p50 (mean) | tok/s | "
+              "per replica (first seed)")
         schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
         for row in args.rows:
             results = [run_row(w, row, reqs, arr, args.direct_share) for reqs, arr in schedules]
             p99 = [r["ttft_p99_s"] for r in results]
-            print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}  ({statistics.median(p99):.2f})"
-                  f" | {statistics.median(r['ttft_p50_s'] for r in results):.3f}"
-                  f" | {statistics.median(r['output_tokens_per_s'] for r in results):.0f}"
+            print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}"
+                  f"  ({statistics.mean(p99):.2f})"
+                  f" | {statistics.mean(r['ttft_p50_s'] for r in results):.3f}"
+                  f" | {statistics.mean(r['output_tokens_per_s'] for r in results):.0f}"
                   f" | {results[0]['requests_per_replica']}", flush=True)
     return 0
 
