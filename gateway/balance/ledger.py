@@ -14,6 +14,7 @@ process. A shared (Redis-backed) ledger implements the same interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,13 +61,10 @@ class InProcessLedger(LoadLedger):
     """Per-process totals in a dict; exact for everything this process sent."""
 
     def __init__(self) -> None:
-        self._loads: dict[str, ReplicaLoad] = {}
+        self._loads: defaultdict[str, ReplicaLoad] = defaultdict(ReplicaLoad)
 
     def load(self, replica: str) -> ReplicaLoad:
-        load = self._loads.get(replica)
-        if load is None:
-            load = self._loads[replica] = ReplicaLoad()
-        return load
+        return self._loads[replica]
 
     def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
         self.load(replica).add(tokens, requests, prefill)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import defaultdict
 import secrets
 import socket
 
@@ -83,8 +84,8 @@ class RedisLedger(LoadLedger):
         self.instance = instance
         self.peer_ttl = peer_ttl
         self.peers: dict[str, dict[str, ReplicaLoad]] = {}  # live peer -> its published load
-        self._own: dict[str, ReplicaLoad] = {}
-        self._view: dict[str, ReplicaLoad] = {}  # own + others, what policies read
+        self._own: defaultdict[str, ReplicaLoad] = defaultdict(ReplicaLoad)
+        self._view: defaultdict[str, ReplicaLoad] = defaultdict(ReplicaLoad)  # own + others
         self._script = None
         # Set on a change peers should hear of soon (a request placed or ended, a prompt
         # prefilled): the sync task publishes at once instead of at its next interval.
@@ -94,16 +95,10 @@ class RedisLedger(LoadLedger):
     # --- the LoadLedger interface: local, synchronous, no I/O ---
 
     def load(self, replica: str) -> ReplicaLoad:
-        view = self._view.get(replica)
-        if view is None:
-            view = self._view[replica] = ReplicaLoad()
-        return view
+        return self._view[replica]
 
     def own_load(self, replica: str) -> ReplicaLoad:
-        own = self._own.get(replica)
-        if own is None:
-            own = self._own[replica] = ReplicaLoad()
-        return own
+        return self._own[replica]
 
     def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
         self.own_load(replica).add(tokens, requests, prefill)

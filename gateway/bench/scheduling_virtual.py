@@ -28,6 +28,7 @@ from gateway.balance.ledger import InProcessLedger, Lease
 from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
+from gateway.bench.report import percentile
 from gateway.bench.scheduling import (ABLATIONS, OUR_POLICIES, REPLICAS, WORKLOADS,
                                       Workload, _row_settings, schedule)
 from gateway.config import SchedulingConfig
@@ -153,8 +154,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     meters = [e.sched.meter for e in engines]
     queries = sum(m.prefix_queries for m in meters)
     return {
-        "row": row, "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p99_s": round(_pct(ttft, 99), 3),
-        "ttft_p99_long_s": round(_pct(ttft_long, 99), 3) if ttft_long else None,
+        "row": row, "ttft_p50_s": _seconds(ttft, 50), "ttft_p99_s": _seconds(ttft, 99),
+        "ttft_p99_long_s": _seconds(ttft_long, 99),
         "output_tokens_per_s": round(generated / (now - arrivals[0]), 1),
         "requests_per_replica": per_replica,
         "prefix_cache_hit_rate": round(sum(m.prefix_hits for m in meters) / queries, 3),
@@ -162,9 +163,10 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     }
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+def _seconds(values: list[float], q: float) -> float | None:
+    """A percentile as the wall-clock benchmark computes it (``report.percentile``)."""
+    value = percentile(sorted(values), q)
+    return None if value is None else round(value, 3)
 
 
 def main(argv: list[str] | None = None) -> int:
