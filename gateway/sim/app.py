@@ -48,6 +48,8 @@ class SimConfig:
     max_concurrent_requests: int = 128   # TGI's semaphore
     max_input_tokens: int | None = None  # TGI; default max_model_len - 1
     no_stream_usage: bool = False        # ignore stream_options.include_usage
+    event_writes: bool = False           # one write per SSE event (as vLLM's generator yields)
+    event_gap_s: float = 0.0             # with event_writes: pause between two writes
 
 
 class SimApp:
@@ -184,18 +186,32 @@ class SimApp:
                 out.append(events.tokens(seen, pieces[seen:upto]))
                 seen = upto
             if drop is not None and seen >= drop and seen < n:
-                await write(send, b"".join(out))
+                await self._write(send, b"".join(out))
                 raise DropConnection
             if stall is not None and seen >= stall and seen < n:
-                await write(send, b"".join(out))
+                await self._write(send, b"".join(out))
                 await (watcher if watcher else wait_disconnect(req.receive))
                 return
             if seen >= n:
                 out.append(events.close(seen))
-                await write(send, b"".join(out), more=False)
+                await self._write(send, b"".join(out), more=False)
                 return
-            await write(send, b"".join(out))
+            await self._write(send, b"".join(out))
             out = []
+
+    async def _write(self, send: Any, data: bytes, more: bool = True) -> None:
+        """Stream bytes: all that is ready in one write (default), or, with ``event_writes``,
+        each SSE event in a write of its own, ``event_gap_s`` apart, as vLLM's server sends
+        them (its usage chunk and ``[DONE]`` leave after the last token, separately)."""
+        if not self.cfg.event_writes:
+            await write(send, data, more)
+            return
+        *whole, tail = data.split(b"\n\n")
+        events = [event + b"\n\n" for event in whole] + ([tail] if tail or not whole else [])
+        for i, event in enumerate(events):
+            if i:
+                await asyncio.sleep(self.cfg.event_gap_s)
+            await write(send, event, more or i < len(events) - 1)
 
     # --- OpenAI routes (vllm, sglang, llamacpp, and TGI's messages API) ---
 

@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     wire.add_argument("--no-stream-usage", action="store_true",
                       help="ignore stream_options.include_usage: OpenAI streams carry no usage "
                            "(as engines without it do)")
+    wire.add_argument("--event-writes", action="store_true",
+                      help="write each SSE event on its own, as vLLM does (usage chunk and [DONE] "
+                           "after the last token, separately); default: all ready events in one write")
+    wire.add_argument("--event-gap-ms", type=float, default=0.0,
+                      help="with --event-writes: pause between two writes (default 0: just yield)")
     wire.add_argument("--max-concurrent-requests", type=int, default=128,
                       help="TGI: 429 'Model is overloaded' past this many requests in flight (default 128)")
     wire.add_argument("--max-input-tokens", type=int,
@@ -132,7 +137,8 @@ def build_config(args: argparse.Namespace):
         tokenizer=load_tokenizer(tokenizer_dir), tokenizer_dir=tokenizer_dir, speed=args.speed,
         prefix_cache=args.prefix_cache, faults=faults, vllm_flat_errors=args.vllm_flat_errors,
         tgi_sse_no_space=args.tgi_sse_no_space, max_concurrent_requests=args.max_concurrent_requests,
-        max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage)
+        max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
+        event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0)
 
 
 def run(args: argparse.Namespace) -> int:

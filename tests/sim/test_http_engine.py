@@ -125,3 +125,16 @@ def check_tgi_faults(base: str) -> None:
     assert r.status_code == 500 and r.json()["error_type"] == "generation"
     with pytest.raises(text_generation.errors.GenerationError):
         text_generation.Client(base).generate("hi", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("dialect,path,body", [
+    ("vllm", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                                      "stream": True, "stream_options": {"include_usage": True}}),
+    ("tgi", "/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 5}})])
+def test_event_writes_send_each_event_as_its_own_chunk(replica, dialect: str, path: str, body: dict) -> None:
+    base = replica(dialect, *FAST, "--event-writes")
+    with httpx.stream("POST", f"{base}{path}", json=body) as r:
+        chunks = [c for c in r.iter_raw() if c]  # one per HTTP chunk, however TCP delivered them
+    events = b"".join(chunks).split(b"\n\n")[:-1]
+    assert chunks == [e + b"\n\n" for e in events]
+    assert len(events) == (5 + 3 if dialect == "vllm" else 5)  # role, 5 tokens, usage, [DONE]
