@@ -2,8 +2,11 @@
 
 Same-dialect streams pass through as bytes: each upstream read (however many SSE events it
 holds) becomes one write to the client, so events waiting upstream are coalesced and a lone
-token goes out at once. Events are only parsed where something must be read out of them
-(usage, TGI's final details). The lease is released exactly once, in ``finally``, whether the
+token goes out at once. Every complete event is forwarded in order, whatever it carries (a
+usage chunk the client did not ask for is the one exception); events that carry no token
+before the first one (a chat role chunk) wait for it, so a replica that fails before its
+first token can still be retried. Events are only parsed where something must be read out
+of them (usage, TGI's final details). The lease is released exactly once, in ``finally``, whether the
 request completes, fails, times out or the client leaves.
 """
 
@@ -56,12 +59,15 @@ class Reply:
 
 
 def upstream_body(request: GenerationRequest) -> bytes:
-    """The client's body, plus a request for the usage chunk on OpenAI streams (token truth)."""
+    """The client's body, plus a request for the usage chunk on OpenAI streams (token truth).
+
+    Continuous usage stats count only with ``include_usage`` (vLLM, SGLang): a client that
+    asked for them alone gets none, so they are not asked for on its behalf either.
+    """
     if request.api is Api.OPENAI and request.stream and not request.wants_usage:
-        body = dict(request.body)
-        body["stream_options"] = {**(request.body.get("stream_options") or {}),
-                                  "include_usage": True}
-        return orjson.dumps(body)
+        options = {**(request.body.get("stream_options") or {}), "include_usage": True}
+        options.pop("continuous_usage_stats", None)
+        return orjson.dumps({**request.body, "stream_options": options})
     return request.raw
 
 
@@ -209,6 +215,7 @@ class Relay:
         chunks = response.content.iter_any().__aiter__()
         timeout = self.timeouts.first_token
         deadline = _Deadline(response)
+        held = b""  # tokenless events (a chat role chunk, keep-alives) before the first token
         first_at = last_at = None
         status = 200
         try:
@@ -220,17 +227,20 @@ class Relay:
                     except StopAsyncIteration:
                         break
                     out, events = reader.feed(chunk)
-                    if not events:
+                    if events:
+                        last_at = time.perf_counter()
+                        if first_at is None:
+                            first_at = last_at
+                            lease.first_token()
+                            meter.ttft.observe(first_at - arrival)
+                            out, held = held + out, b""
+                        lease.generated(events)
+                        # Between tokens, but never past the request's total budget.
+                        timeout = min(self.timeouts.between_tokens,
+                                      max(arrival + self.timeouts.total - last_at, 0.0))
+                    elif first_at is None:
+                        held += out  # sent with the first token: until then a retry is possible
                         continue
-                    last_at = time.perf_counter()
-                    if first_at is None:
-                        first_at = last_at
-                        lease.first_token()
-                        meter.ttft.observe(first_at - arrival)
-                    lease.generated(events)
-                    # Between tokens, but never past the request's total budget.
-                    timeout = min(self.timeouts.between_tokens,
-                                  max(arrival + self.timeouts.total - last_at, 0.0))
                     if out:
                         yield out
             except aiohttp.ClientError:
@@ -241,8 +251,8 @@ class Relay:
             if not reader.finished:
                 raise UpstreamUnavailable(f"replica {placement.replica.name} ended the stream "
                                           f"before it was complete")
-            if reader.pending:
-                yield reader.pending
+            if held or reader.pending:  # a stream without tokens; a last unterminated event
+                yield held + reader.pending
         except TimeoutError:
             status = 504
             self.metrics.upstream_error(placement.replica, "stream_timeout")
@@ -355,9 +365,11 @@ class _EventReader:
                 return b"", 0
             cut += 2
             out, self.pending = data[:cut], data[cut:]
-        events = out.count(b"data:")
+        # Events are the lines that start with `data:` (JSON strings hold no raw newline,
+        # so a token's text cannot fake one).
+        events = out.count(b"\ndata:") + out.startswith(b"data:")
         if self.api is Api.OPENAI:
-            if b"[DONE]" in out:
+            if b"data: [DONE]\n" in out or b"data:[DONE]\n" in out:
                 self.finished = True
                 events -= 1
             if b'"usage"' in out and (b'"usage":{' in out or b'"usage": {' in out):
@@ -367,10 +379,13 @@ class _EventReader:
         elif b'"generated_text":"' in out or (b'"details"' in out and (
                 b'"details":{' in out or b'"details": {' in out)):
             self._read_tgi_final(out)
-        if b'"error"' in out and (b'data: {"error":' in out or b'data:{"error":' in out):
-            self.finished = True  # the engine's own error event ends the stream
+        if b'"error"' in out:  # the engine's own error event ends the stream; it is no token
+            errors = out.count(b'data: {"error":') + out.count(b'data:{"error":')
+            if errors:
+                self.finished = True
+                events -= errors
         self.token_events += max(events, 0)
-        return out, events
+        return out, max(events, 0)
 
     def _read_usage(self, out: bytes, events: int) -> tuple[bytes, int]:
         """Read the last usage in ``out`` (usage is cumulative); drop a usage-only chunk the

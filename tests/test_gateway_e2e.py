@@ -32,11 +32,17 @@ def gateway(tmp_path: Path, replicas: list[dict], ready_path: str = "/ready",
         yield url
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[dict[str, str]]:
+# How the replicas write their streams: all the events that are ready in one write, or each
+# event in a write of its own (as vLLM does: its usage chunk and [DONE] leave separately).
+WRITES = {"batched": (), "per-event": ("--event-writes", "--event-gap-ms", "1")}
+
+
+@pytest.fixture(scope="module", params=list(WRITES))
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          model_dir: Path) -> Iterator[dict[str, str]]:
     """Two vLLM replicas and one TGI replica behind one gateway with the model's tokenizer."""
     tmp = tmp_path_factory.mktemp("fleet")
-    tok = ("--tokenizer", str(model_dir))
+    tok = ("--tokenizer", str(model_dir), *WRITES[request.param])
     with sim("vllm", MODEL, 4096, *tok, *PACED) as vllm_a, \
             sim("vllm", MODEL, 4096, *tok, *PACED) as vllm_b, \
             sim("tgi", MODEL, 4096, *tok, *PACED) as tgi:

@@ -1,0 +1,185 @@
+"""Streams and bodies as the real engines write them, byte for byte, for the relay-fidelity test.
+
+Shapes follow each engine's serializer (``reference/ENGINE-WIRE.md``): vLLM and SGLang write
+pydantic's compact JSON (SGLang with ``"usage":null`` on every chunk), llama.cpp its own
+field order with ``"delta":{}`` and usage plus timings on the last chunk, TGI serde's compact
+JSON (``data:{...}`` before 2.1) with a ``:`` keep-alive comment, vLLM's mid-stream error
+``json.dumps``'d (with spaces) and followed by ``[DONE]``.
+
+``Recording.usage`` is what the gateway must account: the engine's usage when it sends one,
+else ``(None, token events)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Recording:
+    name: str
+    engine: str          # the replica's engine in the gateway config
+    path: str            # the client's route
+    body: dict[str, Any]  # the client's request (the test may add stream_options)
+    data: bytes          # what the engine writes
+    usage: tuple[int | None, int]  # (prompt tokens, generated tokens) the gateway must count
+    usage_chunk: bytes = b""  # the usage-only event: stripped when the client did not ask
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    def expected(self, wants_usage: bool) -> bytes:
+        """What a client receives through the gateway."""
+        if self.usage_chunk and not wants_usage:
+            return self.data.replace(self.usage_chunk, b"", 1)
+        return self.data
+
+    def event_ends(self) -> list[int]:
+        """Byte offsets just past each SSE event: where 'one event per write' cuts."""
+        ends, at = [], self.data.find(b"\n\n")
+        while at >= 0:
+            ends.append(at + 2)
+            at = self.data.find(b"\n\n", at + 2)
+        return [e for e in ends if e < len(self.data)]
+
+
+def _sse(obj: Any, prefix: bytes = b"data: ") -> bytes:
+    return prefix + orjson.dumps(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+# Token texts with what a careless reader trips on: quotes, escapes, a fake event boundary
+# and the words the relay looks for.
+TEXTS = [" The", " \"usage\":{", " data: [DONE]", "\n\n", " caf\u00e9", " \u4f60\u597d", " {}", " \"\""]
+
+
+def _vllm_completion_chunks(texts: list[str], finish: str | None) -> bytes:
+    out = []
+    for i, text in enumerate(texts):
+        out.append(_sse({"id": "cmpl-7f3a9c", "object": "text_completion", "created": 1763900000,
+                         "model": "m", "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                    "finish_reason": finish if i == len(texts) - 1 else None,
+                                                    "stop_reason": None}]}))
+    return b"".join(out)
+
+
+def _vllm_usage(obj: str, prompt: int, completion: int) -> bytes:
+    return _sse({"id": "cmpl-7f3a9c", "object": obj, "created": 1763900000, "model": "m",
+                 "choices": [], "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                          "completion_tokens": completion}})
+
+
+def _vllm_chat(texts: list[str], finish: str) -> bytes:
+    head = {"id": "chatcmpl-41d0", "object": "chat.completion.chunk", "created": 1763900000, "model": "m"}
+    out = [_sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]})]
+    for text in texts:
+        out.append(_sse({**head, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None,
+                                              "finish_reason": None}]}))
+    out.append(_sse({**head, "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": None,
+                                          "finish_reason": finish, "stop_reason": None}]}))
+    return b"".join(out)
+
+
+def _sglang_completion(texts: list[str], prompt: int) -> tuple[bytes, bytes]:
+    out = []
+    for i, text in enumerate(texts):
+        out.append(_sse({"id": "a1b2c3", "object": "text_completion", "created": 1763900000, "model": "m",
+                         "choices": [{"index": 0, "text": text, "logprobs": None,
+                                      "finish_reason": "length" if i == len(texts) - 1 else None,
+                                      "matched_stop": None}], "usage": None}))
+    usage = _sse({"id": "a1b2c3", "object": "text_completion", "created": 1763900000, "model": "m",
+                  "choices": [], "usage": {"prompt_tokens": prompt, "total_tokens": prompt + len(texts),
+                                           "completion_tokens": len(texts), "prompt_tokens_details": None}})
+    return b"".join(out) + usage, usage
+
+
+def _llamacpp_chat(texts: list[str], prompt: int) -> bytes:
+    tail = {"created": 1763900000, "id": "chatcmpl-X6urH4f6", "model": "m",
+            "system_fingerprint": "b6097-9515c613", "object": "chat.completion.chunk"}
+    out = [_sse({"choices": [{"finish_reason": None, "index": 0,
+                              "delta": {"role": "assistant", "content": None}}], **tail})]
+    for text in texts:
+        out.append(_sse({"choices": [{"finish_reason": None, "index": 0, "delta": {"content": text}}], **tail}))
+    out.append(_sse({"choices": [{"finish_reason": "length", "index": 0, "delta": {}}], **tail,
+                     "usage": {"completion_tokens": len(texts), "prompt_tokens": prompt,
+                               "total_tokens": prompt + len(texts)},
+                     "timings": {"prompt_n": prompt, "prompt_ms": 20.3, "predicted_n": len(texts),
+                                 "predicted_ms": 93.6}}))
+    return b"".join(out) + DONE
+
+
+def _tgi_stream(texts: list[str], details: bool, prefix: bytes = b"data: ",
+                keepalive: bool = False, error_after: int | None = None) -> bytes:
+    out = [b":\n\n"] if keepalive else []
+    for i, text in enumerate(texts):
+        if error_after is not None and i == error_after:
+            out.append(_sse({"error": "Request failed during generation: CUDA out of memory",
+                             "error_type": "generation"}, prefix))
+            return b"".join(out)
+        last = i == len(texts) - 1
+        event = {"index": i + 1, "token": {"id": 1000 + i, "text": text, "logprob": -0.25, "special": False},
+                 "generated_text": "".join(texts) if last else None,
+                 "details": ({"finish_reason": "length", "generated_tokens": len(texts), "seed": None,
+                              "input_length": 9} if last and details else None)}
+        out.append(_sse(event, prefix))
+        if keepalive and i == 2:
+            out.append(b":\n\n")
+    return b"".join(out)
+
+
+def _recordings() -> list[Recording]:
+    texts = TEXTS * 2  # 16 tokens
+    completion = {"model": "m", "prompt": "Once upon", "max_tokens": 16, "stream": True}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": True}
+    usage16 = _vllm_usage("text_completion", 9, 16)
+    chat_usage = _vllm_usage("chat.completion.chunk", 12, 16)
+    chat_eos_usage = _vllm_usage("chat.completion.chunk", 12, 1)
+    sglang, sglang_usage = _sglang_completion(texts, 9)
+    vllm_error = b"data: " + json.dumps({"error": {  # vLLM json.dumps()es its error events
+        "message": "EngineCore encountered an issue.", "type": "InternalServerError",
+        "param": None, "code": 500}}).encode() + b"\n\n"
+    tgi_body = {"inputs": "Once upon", "parameters": {"max_new_tokens": 16, "details": True}}
+    generate_json = orjson.dumps({"generated_text": "".join(texts), "details": {
+        "finish_reason": "length", "generated_tokens": 16, "seed": None, "prefill": [],
+        "tokens": [{"id": 1000 + i, "text": t, "logprob": -0.25, "special": False}
+                   for i, t in enumerate(texts)]}})
+    completion_json = orjson.dumps({"id": "cmpl-9", "object": "text_completion", "created": 1763900000,
+                                    "model": "m", "choices": [{"index": 0, "text": "".join(texts),
+                                                               "logprobs": None, "finish_reason": "length",
+                                                               "stop_reason": None}],
+                                    "usage": {"prompt_tokens": 9, "total_tokens": 25, "completion_tokens": 16}})
+    return [
+        Recording("vllm-completions-usage", "vllm", "/v1/completions", completion,
+                  _vllm_completion_chunks(texts, "length") + usage16 + DONE, (9, 16), usage16),
+        Recording("vllm-completions-no-usage", "vllm", "/v1/completions", completion,
+                  _vllm_completion_chunks(texts, "length") + DONE, (None, 16)),
+        Recording("vllm-chat-usage", "vllm", "/v1/chat/completions", chat,
+                  _vllm_chat(texts, "length") + chat_usage + DONE, (12, 16), chat_usage),
+        Recording("vllm-chat-eos-first", "vllm", "/v1/chat/completions", chat,
+                  _vllm_chat([], "stop") + chat_eos_usage + DONE, (12, 1), chat_eos_usage),
+        Recording("vllm-error-mid-stream", "vllm", "/v1/completions", completion,
+                  _vllm_completion_chunks(texts[:5], None) + vllm_error + DONE, (None, 5)),
+        Recording("sglang-completions-usage", "sglang", "/v1/completions", completion,
+                  sglang + DONE, (9, 16), sglang_usage),
+        Recording("llamacpp-chat", "llamacpp", "/v1/chat/completions", chat,
+                  _llamacpp_chat(texts, 12), (12, 16)),
+        Recording("tgi-generate-stream-details", "tgi", "/generate_stream", tgi_body,
+                  _tgi_stream(texts, details=True, keepalive=True), (9, 16)),
+        Recording("tgi-generate-stream-no-space", "tgi", "/generate_stream",
+                  {"inputs": "Once upon", "parameters": {"max_new_tokens": 16}},
+                  _tgi_stream(texts, details=False, prefix=b"data:"), (None, 16)),
+        Recording("tgi-error-mid-stream", "tgi", "/generate_stream", tgi_body,
+                  _tgi_stream(texts, details=True, error_after=6), (None, 6)),
+        Recording("vllm-completion-body", "vllm", "/v1/completions", {**completion, "stream": False},
+                  completion_json, (9, 16)),
+        Recording("tgi-generate-body", "tgi", "/generate", tgi_body, generate_json, (None, 16)),
+    ]
+
+
+RECORDINGS = {r.name: r for r in _recordings()}
