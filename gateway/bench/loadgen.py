@@ -52,9 +52,11 @@ import orjson
 
 Api = Literal["openai", "tgi"]
 
-# Error kinds (Record.error): "http_<status>", or one of these.
-CONNECT, TIMEOUT, DISCONNECTED, STREAM_ERROR, BAD_RESPONSE = (
-    "connect", "timeout", "disconnected", "stream_error", "bad_response")
+# Error kinds (Record.error): "http_<status>", or one of these. An incomplete stream ended
+# cleanly at the HTTP level but without its last event (OpenAI `data: [DONE]`, TGI's event
+# with `generated_text`), which strict clients wait for.
+CONNECT, TIMEOUT, DISCONNECTED, STREAM_ERROR, BAD_RESPONSE, INCOMPLETE_STREAM = (
+    "connect", "timeout", "disconnected", "stream_error", "bad_response", "incomplete_stream")
 
 DEFAULT_ENDPOINTS = {("openai", False): "/v1/completions", ("openai", True): "/v1/completions",
                      ("tgi", False): "/generate", ("tgi", True): "/generate_stream"}
@@ -230,6 +232,7 @@ class _Conn(asyncio.Protocol):
         self.partial = b""          # an SSE event cut by a read boundary
         self.body: list[bytes] = []
         self.usage_output: int | None = None
+        self.stream_ended = False   # the stream's last event (see INCOMPLETE_STREAM) arrived
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -359,6 +362,8 @@ class _Conn(asyncio.Protocol):
         # Usage, TGI details and errors come in a stream's last events, the chat role in its
         # first: look only there, so a read of many events costs one count.
         tail = _last_events(data)
+        if data.find(b'"generated_text":"' if self.target.api == "tgi" else b"[DONE]", tail) >= 0:
+            self.stream_ended = True
         chat_start = (self.target.chat and record.first_token is None
                       and data.find(b'"role":', 0, data.find(b"\n\n")) >= 0)
         if chat_start or _special(data, tail):
@@ -439,6 +444,8 @@ class _Conn(asyncio.Protocol):
             self._json_body(b"".join(self.body))
         if record.error is None and record.status != 200:
             record.error = f"http_{record.status}"
+        if record.error is None and self.events_body and not self.stream_ended:
+            record.error, record.detail = INCOMPLETE_STREAM, "the stream ended without its last event"
         record.output_tokens = self.usage_output if self.usage_output is not None else record.events
         if not self.keep_alive:
             self.close()
@@ -499,6 +506,7 @@ class _Conn(asyncio.Protocol):
         self.waiter = loop.create_future()
         self.record = record
         self.state, self.partial, self.body, self.usage_output = _HEAD, b"", [], None
+        self.stream_ended = False
         self.buf.clear()
         self.timer = loop.call_later(timeout, self._timed_out)
         record.sent = _now()
