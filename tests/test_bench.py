@@ -20,8 +20,8 @@ import pytest
 
 from gateway.bench import report
 from gateway.bench.overhead import stop
-from gateway.bench.loadgen import (CONNECT, DISCONNECTED, TIMEOUT, Request, Target, closed_loop,
-                                   open_loop, poisson_arrivals)
+from gateway.bench.loadgen import (CONNECT, DISCONNECTED, INCOMPLETE_STREAM, TIMEOUT, Request, Target,
+                                   closed_loop, open_loop, poisson_arrivals)
 from gateway.bench.workload import Lengths, load_dataset, synthetic_requests
 from tests.support import ROOT, free_port, sim
 
@@ -184,6 +184,34 @@ def test_errors_are_counted_by_kind() -> None:
 
     with sim("vllm", "m", 4096, "--profile", "paced", "--ttft-ms", "1", "--itl-ms", "1") as url:
         asyncio.run(go(url, free_port()))
+
+
+@pytest.mark.parametrize("recording,api", [("vllm-completions-no-usage", "openai"),
+                                           ("tgi-generate-stream-no-space", "tgi")])
+def test_a_stream_that_ends_without_its_last_event_is_incomplete(recording: str, api: str) -> None:
+    from tests.recorded_streams import RECORDINGS
+    whole = RECORDINGS[recording].data
+    cut = whole[:whole.rstrip(b"\n").rfind(b"\n\n") + 2]  # all but the last event
+
+    async def go() -> list[str | None]:
+        bodies = iter([whole, cut])
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for body in bodies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(re.search(rb"content-length: (\d+)", head, re.I)[1]))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server:
+            run = await closed_loop(Target(url, api=api, stream=True, model="m"),
+                                    [Request(prompt="hi")], 1, max_requests=2)
+        return [r.error for r in run.records]
+
+    assert asyncio.run(go()) == [None, INCOMPLETE_STREAM]
 
 
 def test_context_overflow_is_an_http_400_through_the_cli() -> None:
