@@ -34,8 +34,8 @@ MODEL = "sim-model"
 PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "15")
 RATE_WINDOW = "1m"  # $__rate_interval: the whole test's traffic lies inside it
 
-# No skip when it is missing: .ci/run installs it (Debian's `prometheus` package).
-assert shutil.which("prometheus") and shutil.which("promtool"), "apt-get install prometheus"
+# No skip when it is missing: `make test` installs it (scripts/setup.sh, Debian's `prometheus`).
+assert shutil.which("prometheus") and shutil.which("promtool"), "run make test (or apt-get install prometheus)"
 
 
 def panels(board: dict) -> Iterator[dict]:
