@@ -16,6 +16,30 @@ from typing import Iterator
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / ".tools" / "bin"  # linters and validators that scripts/setup.sh installs
+
+
+def tool(name: str) -> str:
+    """Path of a command-line tool the set-up installed (no skip when missing: a defect)."""
+    path = TOOLS / name
+    assert path.exists(), f"{path} missing: run `make test` (scripts/setup.sh test installs it)"
+    return str(path)
+
+
+# checkov, offline: no guideline download, no update check (tests talk to loopback only).
+CHECKOV_ENV = {"BC_SKIP_MAPPING": "TRUE", "CKV_SKIP_PACKAGE_UPDATE_CHECK": "TRUE"}
+
+
+def checkov(*args: str) -> list[dict]:
+    """checkov's JSON report(s) for ``args`` (one per framework), offline."""
+    import json
+
+    result = subprocess.run([tool("checkov"), "--quiet", "--skip-download", "-o", "json", *args],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **CHECKOV_ENV})
+    assert result.stdout.strip(), result.stderr[-3000:]
+    reports = json.loads(result.stdout)
+    return reports if isinstance(reports, list) else [reports]
 
 
 def free_port() -> int:
