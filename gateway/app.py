@@ -23,6 +23,7 @@ from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
 from gateway.config import Settings, load_settings
 from gateway.fleet.discovery import discover_window
+from gateway.fleet.dns_discovery import DnsDiscovery
 from gateway.fleet.engine_signals import SignalScraper
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.outlier import OutlierDetector
@@ -83,6 +84,12 @@ class Gateway:
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
+        # `dns:` replica entries: one replica per resolved address, kept up to date.
+        self.dns = DnsDiscovery.from_settings(self.settings, self,
+                                              lambda name: self.ledger.own_load(name).in_flight)
+        if self.dns is not None:
+            await self.dns.refresh()
+            self._tasks.append(asyncio.create_task(self.dns.run(), name="dns-discovery"))
         scheduling = self.settings.scheduling
         self.signals = SignalScraper(lambda: self.replicas, self.probe_session,
                                      lambda name: self.ledger.load(name).in_flight,

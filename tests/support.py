@@ -34,7 +34,7 @@ def checkov(*args: str) -> list[dict]:
     """checkov's JSON report(s) for ``args`` (one per framework), offline."""
     import json
 
-    result = subprocess.run([tool("checkov"), "--quiet", "--skip-download", "-o", "json", *args],
+    result = subprocess.run([tool("checkov"), "--skip-download", "-o", "json", *args],
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, **CHECKOV_ENV})
     assert result.stdout.strip(), result.stderr[-3000:]
@@ -105,25 +105,26 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 4096,
-        *extra: str, port: int | None = None) -> Iterator[str]:
-    """A simulated replica (``llm-gateway sim``) on loopback; yields its base URL.
+        *extra: str, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """A simulated replica (``llm-gateway sim``) on loopback (any 127.x.y.z ``host``); yields
+    its base URL.
 
     A free port can be taken by someone else between our probe and the server's bind, so a
     replica that fails to start is tried once more on another port.
     """
     for attempt in (1, 2):
         chosen = port or free_port()
-        args = ["sim", "--dialect", dialect, "--port", str(chosen), "--model", model,
-                "--max-model-len", str(max_model_len), *extra]
+        args = ["sim", "--dialect", dialect, "--host", host, "--port", str(chosen),
+                "--model", model, "--max-model-len", str(max_model_len), *extra]
         try:
-            server = running(args, f"http://127.0.0.1:{chosen}/health")
+            server = running(args, f"http://{host}:{chosen}/health")
             server.__enter__()
         except RuntimeError:
             if attempt == 2 or port is not None:
                 raise
             continue
         try:
-            yield f"http://127.0.0.1:{chosen}"
+            yield f"http://{host}:{chosen}"
         finally:
             server.__exit__(None, None, None)
         return
