@@ -58,7 +58,10 @@ class Gateway:
                              make_policy(settings.balancer, settings.scheduling),
                              self.ledger, settings.backpressure)
         self.metrics = make_metrics(settings.metrics)
-        self.metrics.watch_replicas(lambda: self.replicas, self.ledger)
+        scheduling = settings.scheduling
+        self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
+                                    scheduling.signals_interval * scheduling.signals_max_age)
+        self.metrics.start_at_zero(self.models)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
