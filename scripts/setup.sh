@@ -95,10 +95,11 @@ ensure_redis() {  # a Redis server answering on 127.0.0.1:6379 (the shared-state
   redis_answers && return
   local dir=$TOOLS/redis
   mkdir -p "$dir"
-  echo "setup: starting redis-server on 127.0.0.1:6379 (log: $dir/redis.log)" >&2
+  echo "setup: starting redis-server on 127.0.0.1:6379 (log and pid file in $dir)" >&2
   # Loopback only, nothing kept on disk: the tests use their own key prefixes and clean up.
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-    --dir "$PWD/$dir" --logfile "$PWD/$dir/redis.log" >/dev/null ||
+    --dir "$PWD/$dir" --logfile "$PWD/$dir/redis.log" --pidfile "$PWD/$dir/redis.pid" \
+    >/dev/null ||
     fail "redis-server did not start; see $dir/redis.log"
   for _ in $(seq 50); do  # up to 5 s
     redis_answers && return
