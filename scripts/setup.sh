@@ -56,17 +56,17 @@ stamp_path() {  # name, files...
   echo "$TOOLS/stamps/$name-$key"
 }
 
-install_package() {  # extras: "" or "[test]"
-  local stamp
-  local name=package${1:+-test}
-  stamp=$(stamp_path "$name" pyproject.toml)
+install_package() {  # demo (the package) | test (with the test extras)
+  local extras="" stamp
+  [[ $1 == test ]] && extras="[test]"
+  stamp=$(stamp_path "package-$1" pyproject.toml)
   # The stamp alone could lie if the package was uninstalled since: ask the interpreter too.
   if [[ -e $stamp ]] && "$PYTHON" -c 'import gateway, pathlib, sys
 sys.exit(pathlib.Path(gateway.__file__).resolve().parent != pathlib.Path("gateway").resolve())' 2>/dev/null; then
     return
   fi
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".$1"
-  mkdir -p "$TOOLS/stamps" && rm -f "$TOOLS/stamps/$name"-* && touch "$stamp"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".$extras"
+  mkdir -p "$TOOLS/stamps" && rm -f "$TOOLS/stamps/package-$1"-* && touch "$stamp"
 }
 
 ensure_debian_commands() {  # commands...
@@ -132,13 +132,13 @@ print(pathlib.Path(compose.__file__).resolve().parent / "docker-compose")')" "$T
 case ${1-} in
   demo)
     check_python
-    install_package ""
+    install_package demo
     ;;
   test)
     check_python
     ensure_debian_commands prometheus promtool redis-server redis-cli
     ensure_redis
-    install_package "[test]"
+    install_package test
     ensure_tool_venv
     ;;
   *)
