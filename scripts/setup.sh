@@ -111,7 +111,7 @@ ensure_redis() {  # a Redis server answering on 127.0.0.1:6379 (the shared-state
 ensure_tool_venv() {  # linters and validators the tests run, in their own virtualenv
   local stamp venv=$TOOLS/venv
   stamp=$(stamp_path tools "$TOOLS_REQUIREMENTS")
-  if [[ ! -e $stamp ]]; then
+  if [[ ! -e $stamp || ! -x $venv/bin/python ]]; then
     "$PYTHON" -c 'import ensurepip' 2>/dev/null ||
       fail "missing Python's venv support for $PYTHON; install: sudo apt-get install -y python3-venv"
     echo "setup: installing the test tools into $venv (once; about a minute)" >&2
