@@ -11,10 +11,11 @@ it (replicas added later, by the admin API or DNS discovery, included). Other la
 appear when they first happen.
 
 Per-replica gauges (load, state and the engines' own scraped signals) are read from the
-ledger and the fleet, not updated per request. One process: read at scrape time. Many worker processes (``--workers N``):
-prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) sums counters and
-histograms over the workers' files; each worker publishes its own share of each replica's
-load (``livesum``: summed over live workers) and its view of the replica's state
+ledger and the fleet, not updated per request. One process: read at scrape time. Many worker
+processes (``--workers N``): prometheus_client's multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``) sums counters and histograms over the workers' files; each
+worker publishes its own share of each replica's load (``livesum``: summed over live
+workers) and its view of the replica's state and of the engines' signals
 (``livemostrecent``) every ``PUBLISH_INTERVAL`` seconds and at each scrape it serves.
 """
 
@@ -23,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator

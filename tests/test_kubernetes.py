@@ -122,8 +122,8 @@ def test_the_gateway_config_discovers_the_engines_headless_service(tmp_path: Pat
     settings = config_settings(objects, tmp_path)
     [dns_entry] = [r for m in settings.models for p in m.pools or [] for r in p.replicas
                    if r.dns]
-    service_name, service_namespace = re.fullmatch(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local",
-                                                   dns_entry.dns).groups()
+    service_name, service_namespace = re.fullmatch(
+        r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local", dns_entry.dns).groups()
     service = objects[("Service", service_name)]
     assert service_namespace == namespace and service["spec"]["clusterIP"] == "None"
     [port] = service["spec"]["ports"]

@@ -37,7 +37,7 @@ PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "15")
 RATE_WINDOW = "1m"  # $__rate_interval: the whole test's traffic lies inside it
 
 # No skip when it is missing: `make test` installs it (scripts/setup.sh, Debian's `prometheus`).
-assert shutil.which("prometheus") and shutil.which("promtool"), "run make test (or apt-get install prometheus)"
+assert shutil.which("prometheus") and shutil.which("promtool"), "run make test (it installs them)"
 
 
 def panels(board: dict) -> Iterator[dict]:
