@@ -2,7 +2,7 @@
 # The set-up of `make demo` and `make test`: everything they need, on a fresh Debian/Ubuntu
 # machine, and nothing twice (a second run downloads nothing and takes about a second).
 #
-#   scripts/setup.sh demo   Python >= 3.11, the package
+#   scripts/setup.sh demo   Python >= 3.11, the package, curl (the demo runs its examples)
 #   scripts/setup.sh test   the same with the test extras, plus what the tests run for real:
 #                           Prometheus + promtool, a Redis server answering on 127.0.0.1:6379,
 #                           and hadolint, checkov, kubernetes-validate and docker-compose in
@@ -18,7 +18,7 @@ TOOLS=.tools
 TOOLS_REQUIREMENTS=scripts/tools-requirements.txt
 # command -> the Debian package that has it
 declare -A DEBIAN_PACKAGE=([prometheus]=prometheus [promtool]=prometheus
-                           [redis-server]=redis-server [redis-cli]=redis-tools)
+                           [redis-server]=redis-server [redis-cli]=redis-tools [curl]=curl)
 
 fail() {  # one line, then stop
   echo "setup: $*" >&2
@@ -132,11 +132,12 @@ print(pathlib.Path(compose.__file__).resolve().parent / "docker-compose")')" "$T
 case ${1-} in
   demo)
     check_python
+    ensure_debian_commands curl
     install_package demo
     ;;
   test)
     check_python
-    ensure_debian_commands prometheus promtool redis-server redis-cli
+    ensure_debian_commands curl prometheus promtool redis-server redis-cli
     ensure_redis
     install_package test
     ensure_tool_venv

@@ -232,6 +232,9 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
         with running(["serve", "--config", str(path), "--port", str(port), "--log-level",
                       "warning"], gw + "/ready"), \
                 prometheus(tmp_path, gw, list(replicas.values())) as prom:
+            deadline = time.monotonic() + 20  # bounded: the first scrapes, before any traffic
+            while len(query(prom, "up == 1")) < 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
             # Healthy: two rounds with scrapes in between, so rate() sees every series move.
             for _ in range(2):
                 drive_healthy(gw)
