@@ -213,7 +213,9 @@ class Settings(BaseSettings):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
     max_connections_per_replica: int = Field(1024, ge=1)
-    upstream_keepalive: float = Field(60.0, gt=0, description="seconds an idle upstream "
+    # Below the engines' own idle timeout (vLLM, SGLang: uvicorn's 5 s; llama.cpp: 5 s), so
+    # the gateway never reuses a connection the engine is closing (a 502 for nothing).
+    upstream_keepalive: float = Field(4.0, gt=0, description="seconds an idle upstream "
                                       "connection stays open")
     outlier: OutlierConfig = OutlierConfig()
     retries: RetryConfig = RetryConfig()
