@@ -190,8 +190,12 @@ class UpstreamError(GatewayError):
         self.tgi_type = tgi_type or self.tgi_type
         self.engine_type = engine_type
         self.code = code
+        self.tgi_status_override: int | None = None  # an OpenAI engine's error for a TGI client
         if code == "context_length_exceeded":
             self.reason = "context_length"
+
+    def tgi_status(self) -> int:
+        return self.tgi_status_override or self.status
 
 
 class UpstreamUnavailable(GatewayError):
