@@ -373,3 +373,25 @@ def test_completion_stream_error_event() -> None:
     assert tokens == 1 and reader.finished
     assert out.endswith(b'data: {"error":{"message":"CUDA out of memory","type":"upstream_error",'
                         b'"param":null,"code":null}}\n\ndata: [DONE]\n\n')
+
+
+def _table_after(text: str, marker: str) -> dict[str, list[str]]:
+    lines = text[text.index(marker):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_the_readme_tables_are_the_code_tables() -> None:
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = _table_after(readme, "TGI -> OpenAI engine")
+    assert shown == {name: ["—" if v is None else v for v in (fields[e] for e in OPENAI_ENGINES)]
+                     for name, fields in TGI_TO_OPENAI.items()}
+    shown = _table_after(readme, "OpenAI completions -> TGI < 1.4.4")
+    assert shown == {name: ["—" if v is None else v] for name, v in openai_to_tgi.OPENAI_TO_TGI.items()}

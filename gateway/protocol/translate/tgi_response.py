@@ -76,21 +76,21 @@ class TgiStream:
         out: list[bytes] = []
         tokens = 0
         for payload in payloads:
-            if self.finished:
-                break
             if payload == b"[DONE]":
-                out.append(self._close())
+                if not self.finished:
+                    out.append(self._close())
                 continue
             chunk = orjson.loads(payload)
+            if self.finished:  # after the final event: only the usage still counts
+                self._read_usage(chunk)
+                continue
             if "error" in chunk:  # the engine's own error event ends the stream
                 error = chunk["error"]
                 message = error.get("message") if isinstance(error, dict) else str(error)
                 out.append(_error_event(str(message)))
                 self.finished = True
                 continue
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            self._read_usage(chunk)
             for choice in chunk.get("choices") or ():
                 tokens += self._choice(choice, out)
             if self.finish is not None and self.held is not None and (
@@ -98,6 +98,11 @@ class TgiStream:
                 out.append(self._final())
         self.token_events += tokens
         return b"".join(out), tokens
+
+    def _read_usage(self, chunk: dict[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
 
     def _choice(self, choice: dict[str, Any], out: list[bytes]) -> int:
         self.text.append(choice.get("text") or "")
