@@ -347,6 +347,22 @@ def test_mixed_pool_serves_both_apis_on_every_replica(tmp_path: Path, model_dir:
             assert ledger(url) == [(0, 0)] * 3
             for name, replica in urls.items():  # every token the engines counted, no more
                 assert _gateway_counts(url, name) == _engine_counts(replica), name
+            # TTFT of every TGI stream, labelled with the client's API whichever engine served
+            assert _metric(url, "llm_gateway_time_to_first_token_seconds_count", 'api="tgi"') == 12
+
+            # A replica failing before its first token: retried on another, as on the same path.
+            httpx.post(a + "/sim/faults", json={"error_rate": 1.0}).raise_for_status()
+            for _ in range(6):
+                assert len(list(tgi.generate_stream(PROMPT, max_new_tokens=3))) == 3
+                assert tgi.generate(PROMPT, max_new_tokens=3).details.generated_tokens == 3
+            assert _metric(url, "llm_gateway_retries_total", 'replica="vllm-a"') > 0
+            assert ledger(url) == [(0, 0)] * 3
+
+
+def _metric(gateway: str, name: str, label: str) -> float:
+    text = httpx.get(gateway + "/metrics").text
+    return sum(float(v) for labels, v in re.findall(rf"^{name}\{{(.*)\}} (\S+)$", text, re.M)
+               if label in labels)
 
 
 def test_greedy_tgi_request_on_vllm_returns_the_direct_openai_text(

@@ -336,10 +336,13 @@ async def measure_translation(port: int, pids: dict[str, int], per_target: float
     return out
 
 
-def translation_table(res: dict[str, Any]) -> str:
-    def f(x: float | None, nd: int = 0) -> str:
-        return "n/a" if x is None else f"{x:,.{nd}f}"
+def fmt(x: float | None, nd: int = 0) -> str:
+    """A figure for a markdown table: thousands separated, ``nd`` decimals, n/a if missing."""
+    return "n/a" if x is None else f"{x:,.{nd}f}"
 
+
+def translation_table(res: dict[str, Any]) -> str:
+    f = fmt
     rows = ["| scenario | streamed tokens/s passthrough / translated | gateway CPU µs per token "
             "event, passthrough / translated | translated / passthrough | errors |",
             "|---|---:|---:|---:|---:|"]
@@ -357,8 +360,7 @@ def translation_table(res: dict[str, Any]) -> str:
 
 def table(res: dict[str, Any]) -> str:
     """One row per scenario (direct | via gateway | added), the issue's targets, CPU use."""
-    def f(x: float | None, nd: int = 0) -> str:
-        return "n/a" if x is None else f"{x:,.{nd}f}"
+    f = fmt
 
     def added(d: float | None, g: float | None) -> str:
         return "n/a" if d is None or g is None else f"{g - d:+,.3f}"

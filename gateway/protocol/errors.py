@@ -125,7 +125,8 @@ class ModelNotFound(GatewayError):
 
 
 class ApiNotServed(GatewayError):
-    """No replica of the model speaks the client's protocol (translation is not built yet)."""
+    """No replica of the model can serve the client's protocol (an OpenAI chat on a TGI that
+    predates its Messages API)."""
 
     status = 400
     openai_type = "invalid_request_error"

@@ -16,7 +16,7 @@ parameter it cannot honour); ``plan`` builds the translation for the replica pic
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import orjson
@@ -69,7 +69,6 @@ class Translation:
     client: Api
     reader: Callable[[], StreamReader]
     answer: Callable[[bytes, Mapping[str, str]], tuple[bytes, Usage]]
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def response(self, content: bytes,
                  headers: Mapping[str, str]) -> tuple[bytes, Usage, list[tuple[bytes, bytes]]]:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.protocol.errors import InvalidRequest
-from gateway.protocol.translate.sse import EventSplitter
+from gateway.protocol.translate.sse import TranslatingReader
 from gateway.protocol.usage import Usage
 
 # OpenAI /v1/completions field -> TGI /generate parameter (None: refused unless neutral).
@@ -183,7 +183,7 @@ def completion_body(plan: CompletionPlan, response: Any,
     return orjson.dumps(out), Usage(prompt_tokens, generated)
 
 
-class CompletionStream:
+class CompletionStream(TranslatingReader):
     """Reads TGI ``/generate_stream`` events, writes OpenAI completion chunks.
 
     Text that could be the start of a stop sequence is held back until the next token shows
@@ -193,27 +193,13 @@ class CompletionStream:
     def __init__(self, plan: CompletionPlan, prompt_tokens: int | None) -> None:
         self.plan = plan
         self.prompt_tokens = prompt_tokens
-        self.splitter = EventSplitter()
-        self._tail: bytes | None = None
-        self.usage = Usage()
-        self.token_events = 0
-        self.finished = False
+        super().__init__()
         self.sent = ""        # text written to the client
         self.text = ""        # text generated so far
         self.offset = 0
         self.head = (b'{"id":"%s","object":"text_completion","created":%d,"model":%s,"choices":'
                      % (completion_id().encode(), int(time.time()), orjson.dumps(plan.model)))
         self.first = True
-
-    @property
-    def pending(self) -> bytes:
-        """An event the engine left unterminated at the end of its stream (read once)."""
-        if self._tail is None:
-            self._tail = self._events(self.splitter.rest())[0]
-        return self._tail
-
-    def feed(self, chunk: bytes) -> tuple[bytes, int]:
-        return self._events(self.splitter.feed(chunk))
 
     def _chunk(self, text: str, logprobs: Any, reason: str | None) -> bytes:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}

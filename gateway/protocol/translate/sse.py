@@ -1,6 +1,9 @@
-"""Complete SSE events out of upstream reads, which may cut an event anywhere."""
+"""Complete SSE events out of upstream reads, which may cut an event anywhere, and the base
+of the readers that translate them."""
 
 from __future__ import annotations
+
+from gateway.protocol.usage import Usage
 
 
 class EventSplitter:
@@ -28,8 +31,37 @@ class EventSplitter:
 
 
 def payloads(events: bytes) -> list[bytes]:
+    if events.startswith(b"data:") and events.find(b"\n") < 0:  # the usual read: one event
+        return [events[5:].strip()]
     out = []
     for line in events.split(b"\n"):
         if line.startswith(b"data:"):  # engines write one JSON line per event
             out.append(line[5:].strip())
     return out
+
+
+class TranslatingReader:
+    """What the relay's stream loop reads from a translated stream: ``feed`` turns an upstream
+    read into the client's bytes and the number of tokens the engine generated in it; usage,
+    token events and whether the stream ended as it must. Subclasses translate the payloads
+    of complete events (``_events``)."""
+
+    def __init__(self) -> None:
+        self.splitter = EventSplitter()
+        self._tail: bytes | None = None
+        self.usage = Usage()
+        self.token_events = 0
+        self.finished = False
+
+    @property
+    def pending(self) -> bytes:
+        """An event the engine left unterminated at the end of its stream (read once)."""
+        if self._tail is None:
+            self._tail = self._events(self.splitter.rest())[0]
+        return self._tail
+
+    def feed(self, chunk: bytes) -> tuple[bytes, int]:
+        return self._events(self.splitter.feed(chunk))
+
+    def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
+        raise NotImplementedError

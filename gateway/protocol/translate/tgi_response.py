@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.protocol.translate.sse import EventSplitter
+from gateway.protocol.translate.sse import TranslatingReader
 from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
 from gateway.protocol.translate.tokens import Token, TokenTexts, choice_tokens, mark_eos
 from gateway.protocol.usage import Usage
@@ -38,7 +38,7 @@ def _error_event(message: str, error_type: str = "generation") -> bytes:
     return DATA + orjson.dumps({"error": message, "error_type": error_type}) + b"\n\n"
 
 
-class TgiStream:
+class TgiStream(TranslatingReader):
     """Reads an OpenAI engine's completion stream, writes TGI ``/generate_stream`` events.
 
     The relay's stream loop drives it like its same-dialect reader: ``feed`` returns the bytes
@@ -52,25 +52,11 @@ class TgiStream:
         self.max_tokens = max_tokens
         self.texts = texts
         self.seed = seed
-        self.splitter = EventSplitter()
-        self._tail: bytes | None = None
-        self.usage = Usage()
-        self.token_events = 0
-        self.finished = False
+        super().__init__()
         self.index = 0         # token events written (TGI's 1-based index of the next is +1)
         self.text: list[str] = []
         self.held: Token | None = None  # a token that may be the last one
         self.finish: str | None = None
-
-    @property
-    def pending(self) -> bytes:
-        """An event the engine left unterminated at the end of its stream (read once)."""
-        if self._tail is None:
-            self._tail = self._events(self.splitter.rest())[0]
-        return self._tail
-
-    def feed(self, chunk: bytes) -> tuple[bytes, int]:
-        return self._events(self.splitter.feed(chunk))
 
     def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
         out: list[bytes] = []
@@ -90,7 +76,8 @@ class TgiStream:
                 out.append(_error_event(str(message)))
                 self.finished = True
                 continue
-            self._read_usage(chunk)
+            if "usage" in chunk:
+                self._read_usage(chunk)
             for choice in chunk.get("choices") or ():
                 tokens += self._choice(choice, out)
             if self.finish is not None and self.held is not None and (
@@ -125,7 +112,9 @@ class TgiStream:
 
     def _event(self, token: Token, final: bytes | None = None) -> bytes:
         self.index += 1
-        event = b'{"index":%d,"token":%s' % (self.index, orjson.dumps(token.tgi()))
+        event = b'{"index":%d,"token":{"id":%d,"text":%s,"logprob":%s,"special":%s}' % (
+            self.index, token.id, orjson.dumps(token.text), orjson.dumps(token.logprob),
+            b"true" if token.special else b"false")
         if token.top:
             event += b',"top_tokens":' + orjson.dumps([t.tgi() for t in token.top])
         return DATA + event + (final or b',"generated_text":null,"details":null}') + b"\n\n"
