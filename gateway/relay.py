@@ -190,11 +190,18 @@ class Relay:
                   headers: list[tuple[bytes, bytes]], arrival: float,
                   translation: Translation | None) -> Reply:
         placement.lease.close()
-        self._succeeded(placement.replica)
         if translation is not None:
-            body, usage, extra = translation.response(body, response.headers)
+            try:
+                body, usage, extra = translation.response(body, response.headers)
+            except GatewayError as error:  # an answer that cannot be translated: a broken one
+                self.metrics.upstream_error(placement.replica, "bad_response")
+                self._failed(placement.replica)
+                meter.requests[status_class(error.status)].inc()
+                raise
+            self._succeeded(placement.replica)
             self._account(meter, usage, arrival, None, None, status=response.status)
             return Reply(response.status, headers + extra, body=body)
+        self._succeeded(placement.replica)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
         except orjson.JSONDecodeError:

@@ -395,3 +395,13 @@ def test_the_readme_tables_are_the_code_tables() -> None:
                      for name, fields in TGI_TO_OPENAI.items()}
     shown = _table_after(readme, "OpenAI completions -> TGI < 1.4.4")
     assert shown == {name: ["—" if v is None else v] for name, v in openai_to_tgi.OPENAI_TO_TGI.items()}
+
+
+def test_an_answer_that_cannot_be_translated_is_an_upstream_error() -> None:
+    from gateway.protocol.errors import UpstreamUnavailable
+    translation = plan(tgi({}), "vllm", None, "m", None, 4096)
+    with pytest.raises(UpstreamUnavailable, match="could not be translated"):
+        translation.response(b'{"choices": []}', {})
+    reader = translation.reader()
+    with pytest.raises(UpstreamUnavailable, match="could not be translated"):
+        reader.feed(b"data: {not json\n\n")

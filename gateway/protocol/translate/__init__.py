@@ -24,6 +24,7 @@ import orjson
 from gateway.protocol.errors import Api, ApiNotServed, GatewayError, UpstreamError
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
+from gateway.protocol.translate.sse import malformed
 from gateway.protocol.translate.tokens import TokenTexts
 from gateway.protocol.usage import Usage
 from gateway.tokens import ModelTokenizer
@@ -73,7 +74,10 @@ class Translation:
     def response(self, content: bytes,
                  headers: Mapping[str, str]) -> tuple[bytes, Usage, list[tuple[bytes, bytes]]]:
         """The client's body from the engine's (2xx), its usage, headers to add."""
-        body, usage = self.answer(content, headers)
+        try:
+            body, usage = self.answer(content, headers)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+            raise malformed(exc) from None
         extra = []
         if self.client is Api.TGI:  # TGI reports its counts in headers too
             if usage.prompt_tokens is not None:

@@ -3,6 +3,7 @@ of the readers that translate them."""
 
 from __future__ import annotations
 
+from gateway.protocol.errors import UpstreamUnavailable
 from gateway.protocol.usage import Usage
 
 
@@ -57,11 +58,24 @@ class TranslatingReader:
     def pending(self) -> bytes:
         """An event the engine left unterminated at the end of its stream (read once)."""
         if self._tail is None:
-            self._tail = self._events(self.splitter.rest())[0]
+            try:
+                self._tail = self._events(self.splitter.rest())[0]
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                raise malformed(exc) from None
         return self._tail
 
     def feed(self, chunk: bytes) -> tuple[bytes, int]:
-        return self._events(self.splitter.feed(chunk))
+        try:
+            return self._events(self.splitter.feed(chunk))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # incl. bad JSON
+            raise malformed(exc) from None
 
     def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
         raise NotImplementedError
+
+
+def malformed(exc: Exception) -> UpstreamUnavailable:
+    """An engine answer that cannot be translated: a broken upstream, reported as such (an
+    error event mid-stream; before the first token, a retry elsewhere)."""
+    return UpstreamUnavailable(f"the replica's answer could not be translated: "
+                               f"{type(exc).__name__}: {exc}")

@@ -149,6 +149,8 @@ def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
              texts: TokenTexts | None, seed: int | None, compat: bool) -> tuple[bytes, Usage]:
     """A ``/generate`` answer (``POST /``: a list of one) from a ``/v1/completions`` body."""
     choices = [c for c in response.get("choices") or [] if isinstance(c, dict)]
+    if not choices:
+        raise ValueError("no choice in the engine's answer")
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     counted = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
     top_n = params.top_n_tokens
