@@ -208,10 +208,9 @@ def test_client_disconnect_aborts_a_translated_stream(one_engine: tuple[str, str
 
 # --- engine errors reach TGI clients in TGI's shape and status ---
 
+@pytest.mark.parametrize("one_engine", ["vllm"], indirect=True)  # the mapping is the same for all
 def test_engine_errors_come_back_in_tgi_shape(one_engine: tuple[str, str, str]) -> None:
-    engine, url, replica = one_engine
-    if engine != "vllm":
-        pytest.skip("one OpenAI engine's errors suffice: the mapping is the same")
+    _, url, replica = one_engine
     # The engine refuses the request (no such LoRA adapter: 404): TGI's 422 validation.
     r = httpx.post(url + "/generate", json={"inputs": PROMPT, "parameters": {"adapter_id": "nope"}})
     assert r.status_code == 422 and r.json()["error_type"] == "validation"
@@ -365,11 +364,10 @@ def _metric(gateway: str, name: str, label: str) -> float:
                if label in labels)
 
 
+@pytest.mark.parametrize("one_engine", ["vllm"], indirect=True)
 def test_greedy_tgi_request_on_vllm_returns_the_direct_openai_text(
         one_engine: tuple[str, str, str]) -> None:
-    engine, url, replica = one_engine
-    if engine != "vllm":
-        pytest.skip("the comparison is against a vLLM replica")
+    _, url, replica = one_engine
     through = text_generation.Client(url).generate(PROMPT, max_new_tokens=12).generated_text
     direct = openai.OpenAI(base_url=replica + "/v1", api_key="unused").completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
