@@ -1,13 +1,15 @@
-# The two commands of the quick start: `make demo` and `make test`.
+# The two commands of the quick start: `make demo` and `make test`. Each does its own set-up
+# first (scripts/setup.sh: quick when everything is already there).
 PYTHON ?= python3
+ARGS ?=
 
-.PHONY: install demo test
+.PHONY: demo test
 
-install:
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-
-demo: install
+demo:
+	@PYTHON=$(PYTHON) scripts/setup.sh demo
 	$(PYTHON) -m gateway demo
 
-test: install
-	$(PYTHON) -m pytest -q
+# ARGS: extra pytest arguments, e.g. make test ARGS='tests/test_deploy.py -x'
+test:
+	@PYTHON=$(PYTHON) scripts/setup.sh test
+	$(PYTHON) -m pytest -q $(ARGS)

@@ -23,6 +23,7 @@ from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
 from gateway.config import Settings, load_settings
 from gateway.fleet.discovery import discover_window
+from gateway.fleet.dns_discovery import DnsDiscovery
 from gateway.fleet.engine_signals import SignalScraper
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.outlier import OutlierDetector
@@ -57,7 +58,10 @@ class Gateway:
                              make_policy(settings.balancer, settings.scheduling),
                              self.ledger, settings.backpressure)
         self.metrics = make_metrics(settings.metrics)
-        self.metrics.watch_replicas(lambda: self.replicas, self.ledger)
+        scheduling = settings.scheduling
+        self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
+                                    scheduling.signals_interval * scheduling.signals_max_age)
+        self.metrics.start_at_zero(self.models)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -83,6 +87,12 @@ class Gateway:
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
+        # `dns:` replica entries: one replica per resolved address, kept up to date.
+        self.dns = DnsDiscovery.from_settings(self.settings, self,
+                                              lambda name: self.ledger.own_load(name).in_flight)
+        if self.dns is not None:
+            await self.dns.refresh()
+            self._tasks.append(asyncio.create_task(self.dns.run(), name="dns-discovery"))
         scheduling = self.settings.scheduling
         self.signals = SignalScraper(lambda: self.replicas, self.probe_session,
                                      lambda name: self.ledger.load(name).in_flight,

@@ -2,12 +2,15 @@
 
 Environment wins over the file (``GATEWAY_BALANCER=round_robin``; nested keys with ``__``,
 lists as JSON: ``GATEWAY_MODELS='[...]'``). Unknown keys anywhere are an error naming the key.
-A replica is either ``{url, engine}`` or the one-engine-per-GPU shorthand
-``{host, gpus, base_port, engine}``, which expands to one replica per GPU.
+A replica is either ``{url, engine}``, the one-engine-per-GPU shorthand
+``{host, gpus, base_port, engine}``, which expands to one replica per GPU, or
+``{dns, port, engine}``: one replica per address the name resolves to, kept up to date
+(``gateway/fleet/dns_discovery.py``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -27,20 +30,31 @@ class ReplicaConfig(_Strict):
     host: str | None = None
     gpus: int = Field(1, ge=1, le=1024)
     base_port: int | None = Field(None, ge=1, le=65535)
+    dns: str | None = Field(None, min_length=1, description="a name resolving to one address "
+                            "per replica (a Kubernetes headless Service)")
+    port: int | None = Field(None, ge=1, le=65535, description="the replicas' port, with `dns`")
     engine: Engine = "vllm"
     max_model_len: int | None = Field(None, ge=1)
     name: str | None = None
 
     @model_validator(mode="after")
-    def _url_or_host(self) -> "ReplicaConfig":
-        if (self.url is None) == (self.host is None):
-            raise ValueError("give either `url` or `host` (+ `gpus`, `base_port`)")
+    def _url_or_host_or_dns(self) -> "ReplicaConfig":
+        if [self.url, self.host, self.dns].count(None) != 2:
+            raise ValueError("give one of `url`, `host` (+ `gpus`, `base_port`) or `dns` "
+                             "(+ `port`)")
         if self.host is not None and self.base_port is None:
             raise ValueError("`host` needs `base_port` (the port of GPU 0)")
+        if (self.dns is None) != (self.port is None):
+            raise ValueError("`dns` and `port` go together")
+        if self.dns is not None and "gpus" in self.model_fields_set:
+            raise ValueError("`dns` gives one replica per address: no `gpus`")
         return self
 
     def expand(self) -> list["ReplicaConfig"]:
-        """One replica per GPU: ports base_port, base_port+1, ..."""
+        """One replica per GPU: ports base_port, base_port+1, ... (none for ``dns``: those
+        come from resolving the name, at run time)."""
+        if self.dns is not None:
+            return []
         if self.url is not None:
             return [self]
         return [ReplicaConfig(url=f"http://{self.host}:{self.base_port + gpu}", engine=self.engine,
@@ -142,6 +156,42 @@ class SchedulingConfig(_Strict):
                                    "signals are stale and ignored")
 
 
+def parse_nameserver(text: str) -> tuple[str, int]:
+    """``"10.0.0.2"``, ``"127.0.0.1:5353"``, ``"::1"`` or ``"[::1]:5353"`` -> (address, port)."""
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = int(rest.removeprefix(":")) if rest else 53
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        port = int(port_text)
+    ipaddress.ip_address(host)  # a name here would need a resolver to find the resolver
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} out of range")
+    return host, port
+
+
+class DnsConfig(_Strict):
+    """DNS discovery (replicas given as ``{dns: NAME, port: P}``)."""
+
+    interval: float = Field(5.0, gt=0, description="seconds between resolutions: new addresses "
+                            "join, vanished ones drain")
+    timeout: float = Field(2.0, gt=0, description="seconds one resolution may take; a failed "
+                           "one changes nothing")
+    nameservers: list[str] = Field(default_factory=list, description="'ip' or 'ip:port'; empty "
+                                   "= the system's (/etc/resolv.conf, with its search domains)")
+
+    @model_validator(mode="after")
+    def _nameservers(self) -> "DnsConfig":
+        for server in self.nameservers:
+            try:
+                parse_nameserver(server)
+            except ValueError:
+                raise ValueError(f"nameserver {server!r} is not 'ip', 'ip:port' or "
+                                 "'[ipv6]:port'") from None
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -172,6 +222,7 @@ class Settings(BaseSettings):
     client_body_timeout: float = Field(30.0, gt=0, description="seconds to receive a body")
     admin_token: str | None = Field(None, description="bearer token of /admin; unset = off")
     metrics: bool = Field(True, description="false: no Prometheus metrics (/metrics is empty)")
+    dns: DnsConfig = DnsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -4,20 +4,29 @@ Label values come only from configuration (model, pool, replica, engine), the AP
 sets (status class, reasons, error kinds, replica states), never from client input, so a
 client cannot grow the series count. The hot path uses label children bound once.
 
-Per-replica gauges (load and state) are read from the ledger and the fleet, not updated per
-request. One process: read at scrape time. Many worker processes (``--workers N``):
-prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) sums counters and
-histograms over the workers' files; each worker publishes its own share of each replica's
-load (``livesum``: summed over live workers) and its view of the replica's state
+Series whose labels all come from configuration and fixed lists (rejections by reason,
+upstream errors and retries by kind, queue time) start at 0, so a healthy system's boards
+show 0 rather than "No data": per model at start, per replica at the first scrape that sees
+it (replicas added later, by the admin API or DNS discovery, included). Other label values
+appear when they first happen.
+
+Per-replica gauges (load, state and the engines' own scraped signals) are read from the
+ledger and the fleet, not updated per request. One process: read at scrape time. Many worker
+processes (``--workers N``): prometheus_client's multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``) sums counters and histograms over the workers' files; each
+worker publishes its own share of each replica's load (``livesum``: summed over live
+workers) and its view of the replica's state and of the engines' signals
 (``livemostrecent``) every ``PUBLISH_INTERVAL`` seconds and at each scrape it serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -48,6 +57,11 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
 REPLICA_LABELS = ("model", "pool", "replica", "engine", "api")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
+# Started at 0 (with the label values from configuration); see the module docstring.
+REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
+                     "overloaded", "draining")
+UPSTREAM_ERROR_KINDS = ("connect", "transport", "timeout", "http_4xx", "http_5xx",
+                        "stream_timeout", "stream_broken")
 
 
 def status_class(status: int) -> str:
@@ -90,15 +104,30 @@ STATE = _GaugeSpec("llm_gateway_replica_state",
                    "0 for the others.", "livemostrecent", extra_label="state")
 WINDOW = _GaugeSpec("llm_gateway_replica_max_model_len",
                     "Context window of the replica (configured or discovered).", "livemax")
-REPLICA_GAUGES = (OUTSTANDING, IN_FLIGHT, HEALTHY, STATE, WINDOW)
+# The engine's own view (gateway/fleet/engine_signals.py), while its last scrape is fresh;
+# it counts every client's requests, not only this gateway's.
+ENGINE_RUNNING = _GaugeSpec("llm_gateway_engine_running_requests",
+                            "Requests in the engine's running batch (its /metrics, last scrape).",
+                            "livemostrecent")
+ENGINE_WAITING = _GaugeSpec("llm_gateway_engine_waiting_requests",
+                            "Requests queued inside the engine (its /metrics, last scrape).",
+                            "livemostrecent")
+ENGINE_KV_USAGE = _GaugeSpec("llm_gateway_engine_kv_cache_usage_ratio",
+                             "Fraction of the engine's KV cache in use, 0-1 (its /metrics, last "
+                             "scrape).", "livemostrecent")
+REPLICA_GAUGES = (OUTSTANDING, IN_FLIGHT, HEALTHY, STATE, WINDOW, ENGINE_RUNNING, ENGINE_WAITING,
+                  ENGINE_KV_USAGE)
 REPLICA_GAUGE_LABELS = ("model", "pool", "replica", "engine")
 
 Sample = tuple[_GaugeSpec, tuple[str, ...], float]
 
 
-def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger) -> Iterator[Sample]:
+def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger,
+                    signals_max_age: float = math.inf) -> Iterator[Sample]:
     """Every per-replica gauge value. Load is this process's own share (``own_load``): a
-    shared ledger's ``load`` includes other gateways, which would be counted twice."""
+    shared ledger's ``load`` includes other gateways, which would be counted twice. Engine
+    signals older than ``signals_max_age`` seconds (failing scrapes) are left out."""
+    now = time.monotonic()
     for replica in replicas:
         labels = (replica.model, replica.pool, replica.name, replica.engine)
         load = ledger.own_load(replica.name)
@@ -110,6 +139,13 @@ def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger) -> Iterator
             yield STATE, (*labels, state), 1.0 if state == current else 0.0
         if replica.max_model_len is not None:
             yield WINDOW, labels, replica.max_model_len
+        signals = replica.signals
+        if signals is not None and signals.fresh(now, signals_max_age):
+            for spec, value in ((ENGINE_RUNNING, signals.running),
+                                (ENGINE_WAITING, signals.waiting),
+                                (ENGINE_KV_USAGE, signals.kv_usage)):
+                if value is not None:  # e.g. llama.cpp reports no KV use
+                    yield spec, labels, value
 
 
 def multiprocess_mode() -> bool:
@@ -179,6 +215,8 @@ class GatewayMetrics:
         self._bound: dict[tuple[str, Api], RequestMetrics] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
+        self._replicas: Callable[[], Iterable[Replica]] = lambda: ()
+        self._zeroed: set[str] = set()  # replicas whose error/retry series exist
         self._gauges: dict[str, Gauge] = {}
         if self.multiprocess:
             self._exposed = CollectorRegistry()
@@ -219,10 +257,31 @@ class GatewayMetrics:
             child = self._queued[(model, api)] = self.queue_time.labels(model, api.value)
         child.observe(seconds)
 
-    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger) -> None:
-        """Export per-replica load and state: read at scrape time (one process) or published
-        to the workers' shared files (multiprocess mode)."""
-        self._replica_source = lambda: replica_samples(replicas(), ledger)
+    def start_at_zero(self, models: Iterable[str]) -> None:
+        """Series of each configured model that a healthy system never increments."""
+        for model in models:
+            for api in Api:
+                self._queued[(model, api)] = self.queue_time.labels(model, api.value)
+                for reason in REJECTION_REASONS:
+                    self.rejections.labels(model, api.value, reason)
+
+    def _replica_series_at_zero(self) -> None:
+        for replica in self._replicas():
+            if replica.name in self._zeroed:
+                continue
+            self._zeroed.add(replica.name)
+            labels = (replica.model, replica.pool, replica.name, replica.engine)
+            for kind in UPSTREAM_ERROR_KINDS:
+                self.upstream_errors.labels(*labels, kind)
+            for kind in RETRY_KINDS:
+                self.retries.labels(*labels, kind)
+
+    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger,
+                       signals_max_age: float = math.inf) -> None:
+        """Export per-replica load, state and engine signals: read at scrape time (one
+        process) or published to the workers' shared files (multiprocess mode)."""
+        self._replicas = replicas
+        self._replica_source = lambda: replica_samples(replicas(), ledger, signals_max_age)
         if self.multiprocess:
             self._gauges = {spec.name: Gauge(spec.name, spec.help,
                                              REPLICA_GAUGE_LABELS + ((spec.extra_label,)
@@ -237,6 +296,7 @@ class GatewayMetrics:
         """Multiprocess mode: write this worker's per-replica values to its files."""
         if self._replica_source is None or not self._gauges:
             return
+        self._replica_series_at_zero()
         for spec, labels, value in self._replica_source():
             self._gauges[spec.name].labels(*labels).set(value)
 
@@ -250,6 +310,8 @@ class GatewayMetrics:
         """The text of one scrape: this process's metrics, or all workers' in multiprocess mode."""
         if self.multiprocess:
             self.publish_replica_gauges()
+        else:
+            self._replica_series_at_zero()
         return generate_latest(self._exposed)
 
     def close(self) -> None:
@@ -296,7 +358,11 @@ class NullMetrics(GatewayMetrics):
     def queued(self, model: str, api: Api, seconds: float) -> None:
         pass
 
-    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger) -> None:
+    def start_at_zero(self, models: Iterable[str]) -> None:
+        pass
+
+    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger,
+                       signals_max_age: float = math.inf) -> None:
         pass
 
     def publish_replica_gauges(self) -> None:

@@ -1,5 +1,9 @@
 """Run the gateway from a config file (YAML; every key also settable as GATEWAY_*).
 
+Replicas are listed as {url, engine}, {host, gpus, base_port, engine} (one per GPU) or
+{dns, port, engine} (one per address the name resolves to, re-resolved every dns.interval
+seconds: a Kubernetes headless Service). Full reference: README "Running it" and "Deploy".
+
 Example:
   llm-gateway serve --config gateway.yaml --port 8080 --workers 2
 """

@@ -59,7 +59,7 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.directory)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
         deadline = time.monotonic() + 10
         try:
             while True:
@@ -68,6 +68,7 @@ class PrivateRedis:
                     return
                 except redis.ConnectionError:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.kill()  # never leave a server behind that the test cannot reach
                         raise RuntimeError(f"redis-server on port {self.port} did not start")
                     time.sleep(0.05)
         finally:

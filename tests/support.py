@@ -16,6 +16,30 @@ from typing import Iterator
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / ".tools" / "bin"  # linters and validators that scripts/setup.sh installs
+
+
+def tool(name: str) -> str:
+    """Path of a command-line tool the set-up installed (no skip when missing: a defect)."""
+    path = TOOLS / name
+    assert path.exists(), f"{path} missing: run `make test` (scripts/setup.sh test installs it)"
+    return str(path)
+
+
+# checkov, offline: no guideline download, no update check (tests talk to loopback only).
+CHECKOV_ENV = {"BC_SKIP_MAPPING": "TRUE", "CKV_SKIP_PACKAGE_UPDATE_CHECK": "TRUE"}
+
+
+def checkov(*args: str) -> list[dict]:
+    """checkov's JSON report(s) for ``args`` (one per framework), offline."""
+    import json
+
+    result = subprocess.run([tool("checkov"), "--skip-download", "-o", "json", *args],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **CHECKOV_ENV})
+    assert result.stdout.strip(), result.stderr[-3000:]
+    reports = json.loads(result.stdout)
+    return reports if isinstance(reports, list) else [reports]
 
 
 def free_port() -> int:
@@ -81,25 +105,26 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 4096,
-        *extra: str, port: int | None = None) -> Iterator[str]:
-    """A simulated replica (``llm-gateway sim``) on loopback; yields its base URL.
+        *extra: str, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """A simulated replica (``llm-gateway sim``) on loopback (any 127.x.y.z ``host``); yields
+    its base URL.
 
     A free port can be taken by someone else between our probe and the server's bind, so a
     replica that fails to start is tried once more on another port.
     """
     for attempt in (1, 2):
         chosen = port or free_port()
-        args = ["sim", "--dialect", dialect, "--port", str(chosen), "--model", model,
-                "--max-model-len", str(max_model_len), *extra]
+        args = ["sim", "--dialect", dialect, "--host", host, "--port", str(chosen),
+                "--model", model, "--max-model-len", str(max_model_len), *extra]
         try:
-            server = running(args, f"http://127.0.0.1:{chosen}/health")
+            server = running(args, f"http://{host}:{chosen}/health")
             server.__enter__()
         except RuntimeError:
             if attempt == 2 or port is not None:
                 raise
             continue
         try:
-            yield f"http://127.0.0.1:{chosen}"
+            yield f"http://{host}:{chosen}"
         finally:
             server.__exit__(None, None, None)
         return

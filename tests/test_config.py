@@ -69,3 +69,15 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
 def test_models_from_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_MODELS", '[{"name": "m", "replicas": [{"url": "http://127.0.0.1:1"}]}]')
     assert load_settings().models[0].pools[0].replicas[0].url == "http://127.0.0.1:1"
+
+
+def test_the_readme_config_examples_load(tmp_path: Path) -> None:
+    """Every YAML block of the README that starts with `models:` is a config the gateway takes."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("models:")]
+    assert len(blocks) >= 2  # "Running it" and "DNS discovery"
+    for block in blocks:
+        settings = load_settings(write(tmp_path, block))
+        assert settings.models

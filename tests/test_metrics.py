@@ -23,7 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.balance.ledger import InProcessLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
-from gateway.metrics import GatewayMetrics, NullMetrics, make_metrics
+from gateway.fleet.engine_signals import EngineSignals
+from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KINDS, GatewayMetrics,
+                             NullMetrics, make_metrics)
 from gateway.protocol.errors import Api
 from gateway.tokens import ModelTokenizer
 from support import free_port, running, sim
@@ -84,6 +86,53 @@ def test_replica_gauges_show_own_load_and_one_hot_state() -> None:
     assert total(samples, "llm_gateway_queue_time_seconds_sum") == 0.25
 
 
+def test_configured_label_sets_start_at_zero_replicas_added_later_too() -> None:
+    metrics = GatewayMetrics()
+    replicas = [Replica("r1", "http://127.0.0.1:1", "vllm", "m", "stable")]
+    metrics.watch_replicas(lambda: replicas, InProcessLedger())
+    metrics.start_at_zero(["m"])
+    replicas.append(Replica("r2", "http://127.0.0.1:2", "tgi", "m", "canary"))  # e.g. by DNS
+    samples = parse(metrics.exposition().decode())
+    rejections = {(l["api"], l["reason"]) for n, l, v in samples
+                  if n == "llm_gateway_rejections_total" and v == 0}
+    assert rejections == {(api.value, reason) for api in Api for reason in REJECTION_REASONS}
+    assert {l["api"] for n, l, v in samples
+            if n == "llm_gateway_queue_time_seconds_count" and v == 0} == {"openai", "tgi"}
+    for name, kinds in [("llm_gateway_upstream_errors_total", UPSTREAM_ERROR_KINDS),
+                        ("llm_gateway_retries_total", RETRY_KINDS)]:
+        got = {(l["replica"], l["kind"]) for n, l, v in samples if n == name and v == 0}
+        assert got == {(r, k) for r in ("r1", "r2") for k in kinds}
+    # The fixed reasons are real ones: each is the reason of an error the gateway answers.
+    import gateway.api.generation  # noqa: F401 (its errors are subclasses too)
+    from gateway.protocol.errors import GatewayError
+
+    def subclasses(cls: type) -> set[type]:
+        return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
+    assert set(REJECTION_REASONS) <= {c.reason for c in subclasses(GatewayError)}
+
+
+def test_engine_signals_are_exported_while_fresh() -> None:
+    metrics = GatewayMetrics()
+    vllm = Replica("v", "http://127.0.0.1:1", "vllm", "m", "p")
+    llamacpp = Replica("l", "http://127.0.0.1:2", "llamacpp", "m", "p")
+    silent = Replica("s", "http://127.0.0.1:3", "openai", "m", "p")  # never scraped
+    metrics.watch_replicas(lambda: [vllm, llamacpp, silent], InProcessLedger(),
+                           signals_max_age=3.0)
+    now = time.monotonic()
+    vllm.signals = EngineSignals(running=5, waiting=2, kv_usage=0.75, scraped_at=now)
+    llamacpp.signals = EngineSignals(running=1, waiting=0, scraped_at=now)  # no KV gauge
+    samples = parse(metrics.exposition().decode())
+    engine = {(n.removeprefix("llm_gateway_engine_"), l["replica"]): v for n, l, v in samples
+              if n.startswith("llm_gateway_engine_")}
+    assert engine == {("running_requests", "v"): 5, ("waiting_requests", "v"): 2,
+                      ("kv_cache_usage_ratio", "v"): 0.75, ("running_requests", "l"): 1,
+                      ("waiting_requests", "l"): 0}
+    vllm.signals = EngineSignals(running=5, waiting=2, kv_usage=0.75, scraped_at=now - 10)
+    samples = parse(metrics.exposition().decode())  # a stale scrape is not shown as current
+    assert not {l["replica"] for n, l, v in samples
+                if n.startswith("llm_gateway_engine_")} & {"v", "s"}
+
+
 def test_metrics_off_is_a_no_op_with_the_same_calls() -> None:
     metrics = make_metrics(enabled=False)
     assert isinstance(metrics, NullMetrics)
@@ -95,6 +144,7 @@ def test_metrics_off_is_a_no_op_with_the_same_calls() -> None:
     metrics.retry(replica, "connect")
     metrics.queued("m", Api.TGI, 1.0)
     metrics.watch_replicas(lambda: [replica], InProcessLedger())
+    metrics.start_at_zero(["m"])
     assert metrics.exposition() == b""
 
 
@@ -285,6 +335,8 @@ def test_workers_2_one_scrape_shows_the_totals_of_both(tmp_path: Path) -> None:
                           if n == "llm_gateway_replica_state"]
                 assert sorted(states) == sorted((s, float(s == "healthy"))
                                                 for s in REPLICA_STATES)
+                assert total(samples, "llm_gateway_retries_total", replica="r0") == 0  # a series
+                assert any(n == "llm_gateway_retries_total" for n, _, _ in samples)
 
             # Gauges: in-flight and outstanding summed over the workers' own shares.
             httpx.post(url + "/sim/faults", json={"stall_after": 1}).raise_for_status()
@@ -300,6 +352,8 @@ def test_workers_2_one_scrape_shows_the_totals_of_both(tmp_path: Path) -> None:
                     next(readers[-1])  # the first token arrived: the request is in flight
                 in_flight = _wait_for(gw, "llm_gateway_replica_in_flight_requests", stuck)
                 assert in_flight == stuck
+                # The engine's own count, scraped by each worker and published as its gauge.
+                assert _wait_for(gw, "llm_gateway_engine_running_requests", stuck) == stuck
                 # Each stream got its first token (prompt released): 49 output tokens left.
                 assert _wait_for(gw, "llm_gateway_replica_outstanding_tokens",
                                  49 * stuck) == 49 * stuck

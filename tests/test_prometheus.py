@@ -2,10 +2,12 @@
 
 A real ``prometheus`` (Debian's package) scrapes a real gateway (uvicorn on loopback) and the
 simulated replicas behind it, with the shipped ``deploy/prometheus.yml`` (targets and interval
-swapped for the test's), while the test drives traffic: OpenAI streamed and not, TGI, gateway
-rejections, engine errors with retries, and requests queued for a slot. Then every PromQL
-expression of every panel of every dashboard runs through Prometheus's HTTP query API and
-must return data.
+swapped for the test's), while the test drives traffic. First only what a healthy system
+sees (OpenAI streamed and not, TGI; nothing fails or waits): every PromQL expression of every
+panel of every dashboard, run through Prometheus's HTTP query API, must return a number, 0
+where nothing went wrong (rejections, upstream errors, retries, queue time), not "No data".
+Then gateway rejections, engine errors with retries and requests queued for a slot: every
+panel still returns a number, and those four show what happened.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ MODEL = "sim-model"
 PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "15")
 RATE_WINDOW = "1m"  # $__rate_interval: the whole test's traffic lies inside it
 
-# No skip when it is missing: .ci/run installs it (Debian's `prometheus` package).
-assert shutil.which("prometheus") and shutil.which("promtool"), "apt-get install prometheus"
+# No skip when it is missing: `make test` installs it (scripts/setup.sh, Debian's `prometheus`).
+assert shutil.which("prometheus") and shutil.which("promtool"), "run make test (it installs them)"
 
 
 def panels(board: dict) -> Iterator[dict]:
@@ -125,44 +127,90 @@ def query(prom: str, expr: str) -> list[dict[str, Any]]:
     return reply["data"]["result"]
 
 
-def drive(gw: str, replicas: dict[str, str]) -> None:
-    """One round of every kind of traffic the dashboards show."""
-    client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
-    messages = [{"role": "user", "content": "Tell me about gateways."}]
+MESSAGES = [{"role": "user", "content": "Tell me about gateways."}]
 
-    def openai_request(i: int) -> None:
-        if i % 3 == 0:
-            client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
-        else:
-            list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+
+def client(gw: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+
+
+def openai_request(gw: str, i: int) -> None:
+    if i % 3 == 0:
+        client(gw).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
+    else:
+        list(client(gw).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12,
                                                 stream=True))
 
-    def tgi_request(i: int) -> None:
-        route = "/generate_stream" if i % 2 else "/generate"
-        r = httpx.post(gw + route, json={"inputs": "Hello", "parameters": {"max_new_tokens": 8}},
-                       timeout=30)
-        assert r.status_code == 200, r.text
 
+def tgi_request(gw: str, i: int) -> None:
+    route = "/generate_stream" if i % 2 else "/generate"
+    r = httpx.post(gw + route, json={"inputs": "Hello", "parameters": {"max_new_tokens": 8}},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def drive_healthy(gw: str) -> None:
+    """Traffic of a healthy system: every request served, none waits for a slot (at most 4
+    at once on 6 slots; TGI requests, which only the TGI replica serves, apart and 2 at once)."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: openai_request(gw, i), range(12)))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda i: tgi_request(gw, i), range(4)))
+
+
+def drive_troubled(gw: str, replicas: dict[str, str]) -> None:
+    """Everything else the dashboards show: queueing, rejections, engine errors, retries."""
     # More concurrent requests than slots (3 replicas x 2): some wait in the gateway's queue.
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
-        list(pool.map(openai_request, range(20)))
-        list(pool.map(tgi_request, range(4)))
+        list(pool.map(lambda i: openai_request(gw, i), range(20)))
+        list(pool.map(lambda i: tgi_request(gw, i), range(4)))
     # Rejections by the gateway itself.
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1_000_000)
+        client(gw).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1_000_000)
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=1)
+        client(gw).chat.completions.create(model="no-such-model", messages=MESSAGES,
+                                           max_tokens=1)
     assert httpx.post(gw + "/v1/completions", content=b"{not json").status_code == 400
     # An engine failing: 5xx and retries on another replica (clients still get answers).
     httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 1.0}).raise_for_status()
     try:
         for i in range(6):
-            openai_request(i)
+            openai_request(gw, i)
     finally:
         httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 0.0})
 
 
-def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
+def scraped(prom: str, gw: str) -> None:
+    """Wait (bounded) until Prometheus has scraped the gateway's current request count."""
+    served = _gateway_total(gw, "llm_gateway_requests_total")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = query(prom, "sum(llm_gateway_requests_total)")
+        if got and float(got[0]["value"][1]) == served:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"Prometheus never saw {served} requests")
+
+
+def panel_values(prom: str) -> dict[tuple[str, str, str], list[float]]:
+    """(board, panel, expr) -> the values its query returns now."""
+    return {(board, title, expr): [float(r["value"][1]) for r in query(prom, substitute(expr))]
+            for board, title, expr in expressions()}
+
+
+def without_a_number(values: dict[tuple[str, str, str], list[float]]) -> list:
+    """Panels that would show "No data": no series, or only NaN."""
+    return [key for key, got in values.items() if not any(map(math.isfinite, got))]
+
+
+# The overview panels a healthy system never increments: 0 there, a number once it happens.
+TROUBLE_PANELS = ("Rejections/s by reason", "Upstream errors/s by replica and kind",
+                  "Retries/s by failed replica and kind", "Queue time for a free replica slot")
+ENGINE_PANELS = ("Engine queue (waiting requests) per replica",
+                 "Engine running requests per replica", "Engine KV cache usage per replica")
+
+
+def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path: Path) -> None:
     with sim("vllm", MODEL, 4096, *PACED) as vllm_a, sim("vllm", MODEL, 4096, *PACED) as vllm_b, \
             sim("tgi", MODEL, 4096, *PACED) as tgi:
         replicas = {"vllm-a": vllm_a, "vllm-b": vllm_b, "tgi-c": tgi}
@@ -184,31 +232,38 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         with running(["serve", "--config", str(path), "--port", str(port), "--log-level",
                       "warning"], gw + "/ready"), \
                 prometheus(tmp_path, gw, list(replicas.values())) as prom:
-            # Two rounds with scrapes in between, so rate() sees every series increase.
+            deadline = time.monotonic() + 20  # bounded: the first scrapes, before any traffic
+            while len(query(prom, "up == 1")) < 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            # Healthy: two rounds with scrapes in between, so rate() sees every series move.
             for _ in range(2):
-                drive(gw, replicas)
+                drive_healthy(gw)
                 time.sleep(2.5)
-            served = _gateway_total(gw, "llm_gateway_requests_total")
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:  # bounded: until Prometheus has the last scrape
-                got = query(prom, "sum(llm_gateway_requests_total)")
-                if got and float(got[0]["value"][1]) == served:
-                    break
-                time.sleep(0.5)
-            else:
-                pytest.fail(f"Prometheus never saw {served} requests")
+            scraped(prom, gw)
             up = query(prom, "up")
             assert len(up) == 4 and all(r["value"][1] == "1" for r in up), up
+            healthy = panel_values(prom)
+            titles = {title for _, title, _ in healthy}
+            assert set(TROUBLE_PANELS + ENGINE_PANELS) <= titles
+            assert not without_a_number(healthy), "healthy, panels without a number:\n" + \
+                "\n".join(map(str, without_a_number(healthy)))
+            for (board, title, _), got in healthy.items():
+                if title in TROUBLE_PANELS:
+                    assert set(got) == {0.0}, (title, got)  # 0, not "No data"
+                if title in ENGINE_PANELS:  # one series per scraped replica
+                    assert len(got) == len(replicas), (title, got)
 
-            empty, no_number = [], []
-            for board, title, expr in expressions():
-                result = query(prom, substitute(expr))
-                if not result:
-                    empty.append((board, title, expr))
-                elif not any(math.isfinite(float(r["value"][1])) for r in result):
-                    no_number.append((board, title, expr))
-            assert not empty, "panels without data:\n" + "\n".join(map(str, empty))
-            assert not no_number, "panels with only NaN:\n" + "\n".join(map(str, no_number))
+            # In trouble: the same panels, now with what happened.
+            for _ in range(2):
+                drive_troubled(gw, replicas)
+                time.sleep(2.5)
+            scraped(prom, gw)
+            troubled = panel_values(prom)
+            assert not without_a_number(troubled), "panels without a number:\n" + \
+                "\n".join(map(str, without_a_number(troubled)))
+            for (board, title, _), got in troubled.items():
+                if title in TROUBLE_PANELS:
+                    assert max(got) > 0, (title, got)
 
             # The template variables' label_values() queries find the model and both pools.
             for label, match, want in [("model", "llm_gateway_replica_healthy", {MODEL}),

