@@ -8,6 +8,12 @@ before the first one (a chat role chunk) wait for it, so a replica that fails be
 first token can still be retried. Events are only parsed where something must be read out
 of them (usage, TGI's final details). The lease is released exactly once, in ``finally``, whether the
 request completes, fails, times out or the client leaves.
+
+A request whose replica speaks the other dialect (a TGI client on vLLM, OpenAI completions on
+an old TGI) is translated (``gateway.protocol.translate``): its body and route are rewritten,
+and its stream goes through the same loop with a translating reader in place of the
+pass-through one, so timeouts, retries before the first token, the lease and the metrics
+behave the same.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from gateway.metrics import GatewayMetrics, RequestMetrics, status_class
 from gateway.protocol.errors import (Api, GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)
 from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate import StreamReader, Translation, plan
+from gateway.protocol.usage import Usage
 from gateway.router import Placement
 
 # Response headers of the engine that are not passed on to the client.
@@ -35,12 +43,6 @@ from gateway.router import Placement
 _DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                               b"proxy-authorization", b"te", b"trailer", b"transfer-encoding",
                               b"upgrade", b"content-length", b"date", b"server"})
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -103,16 +105,24 @@ class Relay:
         to the client; its ``retry_kind`` is set when another replica may be tried."""
         replica = placement.replica
         meter = self.metrics.for_replica(replica, request.api)
-        body = upstream_body(request)
-        headers = {"content-type": "application/json", "x-request-id": request_id}
-        meter.overhead.observe(time.perf_counter() - arrival)
         response: aiohttp.ClientResponse | None = None
         content = b""
         try:
+            # The other dialect's engine: translated, chosen now that the replica is known.
+            translation = plan(request, replica.engine, replica.version, replica.model,
+                               placement.model.tokenizer, placement.model.window(replica))
+            if translation is None:
+                path, body = request.path, upstream_body(request)
+                headers = {"content-type": "application/json", "x-request-id": request_id}
+            else:
+                path, body = translation.path, translation.body
+                headers = {"content-type": "application/json", "x-request-id": request_id,
+                           "accept-encoding": "identity"}  # the answer is parsed, not passed on
+            meter.overhead.observe(time.perf_counter() - arrival)
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream
                                            else self.timeouts.total):
-                    response = await self.session.post(replica.url + request.path, data=body,
+                    response = await self.session.post(replica.url + path, data=body,
                                                        headers=headers,
                                                        timeout=self._connect_timeout)
                     if response.status >= 400 or not request.stream:
@@ -132,6 +142,8 @@ class Relay:
             if response.status >= 400:
                 self.metrics.upstream_error(replica, f"http_{status_class(response.status)}")
                 error = error_from_engine(response.status, content)
+                if translation is not None:
+                    translation.engine_error(error)
                 if response.status == 429:
                     error.retry_kind = "http_429"  # busy, not broken: no outlier failure
                 elif response.status >= 500:
@@ -148,8 +160,10 @@ class Relay:
         reply_headers = self._headers(response, placement, request_id)
         if not request.stream:
             return self._complete(request, placement, meter, response, content, reply_headers,
-                                  arrival)
-        stream = self._stream(request, placement, meter, response, arrival)
+                                  arrival, translation)
+        reader: StreamReader = (translation.reader() if translation is not None else _EventReader(
+            request.api, strip_usage=request.api is Api.OPENAI and not request.wants_usage))
+        stream = self._stream(request, placement, meter, response, arrival, reader)
         first = await stream.__anext__()  # raises (retryable) if the replica fails first
         return Reply(response.status, reply_headers, first=first, stream=stream)
 
@@ -173,8 +187,20 @@ class Relay:
 
     def _complete(self, request: GenerationRequest, placement: Placement, meter: RequestMetrics,
                   response: aiohttp.ClientResponse, body: bytes,
-                  headers: list[tuple[bytes, bytes]], arrival: float) -> Reply:
+                  headers: list[tuple[bytes, bytes]], arrival: float,
+                  translation: Translation | None) -> Reply:
         placement.lease.close()
+        if translation is not None:
+            try:
+                body, usage, extra = translation.response(body, response.headers)
+            except GatewayError as error:  # an answer that cannot be translated: a broken one
+                self.metrics.upstream_error(placement.replica, "bad_response")
+                self._failed(placement.replica)
+                meter.requests[status_class(error.status)].inc()
+                raise
+            self._succeeded(placement.replica)
+            self._account(meter, usage, arrival, None, None, status=response.status)
+            return Reply(response.status, headers + extra, body=body)
         self._succeeded(placement.replica)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
@@ -207,10 +233,9 @@ class Relay:
 
     async def _stream(self, request: GenerationRequest, placement: Placement,
                       meter: RequestMetrics, response: aiohttp.ClientResponse,
-                      arrival: float) -> AsyncIterator[bytes]:
+                      arrival: float, reader: StreamReader) -> AsyncIterator[bytes]:
         api = request.api
         lease = placement.lease
-        reader = _EventReader(api, strip_usage=api is Api.OPENAI and not request.wants_usage)
         # iter_any: whatever is buffered, in one piece (waiting events are coalesced).
         chunks = response.content.iter_any().__aiter__()
         timeout = self.timeouts.first_token

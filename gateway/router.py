@@ -14,9 +14,9 @@ from gateway.balance.policy import Policy
 from gateway.config import BackpressureConfig
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import (Api, ApiNotServed, ModelNotFound, NoReplicaAvailable,
-                                     Overloaded)
+from gateway.protocol.errors import Api, ModelNotFound, NoReplicaAvailable, Overloaded
 from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate import servable
 from gateway.window import Admission, admit
 
 
@@ -62,11 +62,8 @@ class Router:
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         """The request's model, cost and the replicas whose window it fits (else raise)."""
         model = self.model_for(request.model, request.api)
-        speakers = [r for r in model.replicas if r.speaks(request.api)]
-        if not speakers:
-            engines = sorted({r.engine for r in model.replicas})
-            raise ApiNotServed(f"model `{model.name}` is served only by {', '.join(engines)} "
-                               f"replicas, which do not speak the {request.api.value} API")
+        # Natively or translated; a replica that cannot honour every parameter is left out.
+        speakers = servable(request, model.replicas, model.tokenizer is not None)
         return model, admit(model, request, speakers)
 
     async def place(self, model: ServedModel, admission: Admission,

@@ -117,6 +117,7 @@ class ModelTokenizer:
         self.name = name
         # Tokens the post-processor adds with add_special_tokens=True (e.g. BOS).
         self.added_by_post_processor = len(tokenizer.encode("", add_special_tokens=True).ids)
+        self._special_ids: frozenset[int] | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelTokenizer":
@@ -144,6 +145,13 @@ class ModelTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special tokens (BOS, EOS, ...): TGI marks them ``special`` in details."""
+        if self._special_ids is None:
+            self._special_ids = frozenset(
+                i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
+        return self._special_ids
 
     def special_token_slack(self, add_special_tokens: bool = True) -> int:
         """Tokens beyond one per byte: those the post-processor adds, plus one for a prefix

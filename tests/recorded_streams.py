@@ -22,8 +22,8 @@ import orjson
 @dataclass(frozen=True)
 class Recording:
     name: str
-    engine: str          # the replica's engine in the gateway config
-    path: str            # the client's route
+    engine: str          # the replica's engine in the gateway config (tgi-1.4.3: an old TGI)
+    path: str            # the client's route (of the other dialect: translated)
     body: dict[str, Any]  # the client's request (the test may add stream_options)
     data: bytes          # what the engine writes
     usage: tuple[int | None, int]  # (prompt tokens, generated tokens) the gateway must count
@@ -115,7 +115,8 @@ def _llamacpp_chat(texts: list[str], prompt: int) -> bytes:
 
 
 def _tgi_stream(texts: list[str], details: bool, prefix: bytes = b"data: ",
-                keepalive: bool = False, error_after: int | None = None) -> bytes:
+                keepalive: bool = False, error_after: int | None = None,
+                input_length: bool = True) -> bytes:
     out = [b":\n\n"] if keepalive else []
     for i, text in enumerate(texts):
         if error_after is not None and i == error_after:
@@ -126,11 +127,51 @@ def _tgi_stream(texts: list[str], details: bool, prefix: bytes = b"data: ",
         event = {"index": i + 1, "token": {"id": 1000 + i, "text": text, "logprob": -0.25, "special": False},
                  "generated_text": "".join(texts) if last else None,
                  "details": ({"finish_reason": "length", "generated_tokens": len(texts), "seed": None,
-                              "input_length": 9} if last and details else None)}
+                              **({"input_length": 9} if input_length else {})}
+                             if last and details else None)}
         out.append(_sse(event, prefix))
         if keepalive and i == 2:
             out.append(b":\n\n")
     return b"".join(out)
+
+
+def _vllm_for_tgi(texts: list[str], prompt: int) -> bytes:
+    """vLLM's stream for a translated TGI request: logprobs and token ids on every chunk,
+    the prompt's ids on the first, then the usage chunk and [DONE]."""
+    out, offset = [], 0
+    for i, text in enumerate(texts):
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": {
+            "text_offset": [offset], "token_logprobs": [-0.25 - i / 100], "tokens": [text],
+            "top_logprobs": [{text: -0.25 - i / 100}]},
+            "finish_reason": "length" if i == len(texts) - 1 else None, "stop_reason": None}
+        if i == 0:
+            choice["prompt_token_ids"] = list(range(1, prompt + 1))
+        choice["token_ids"] = [1000 + i]
+        offset += len(text)
+        out.append(_sse({"id": "cmpl-7f3a9c", "object": "text_completion", "created": 1763900000,
+                         "model": "m", "choices": [choice]}))
+    return b"".join(out) + _vllm_usage("text_completion", prompt, len(texts)) + DONE
+
+
+def _llamacpp_for_tgi(texts: list[str], prompt: int) -> bytes:
+    """llama.cpp's completion stream with probabilities: one chunk per token, the last token
+    the end-of-sequence one (empty text), the end in a chunk of its own with usage, [DONE]."""
+    tail = {"created": 1763900000, "model": "m", "system_fingerprint": "b6097-9515c613",
+            "object": "text_completion", "id": "chatcmpl-X6urH4f6"}
+    out = []
+    for i, text in enumerate([*texts, ""]):
+        token = {"id": 1000 + i if text else 2, "token": text, "bytes": list(text.encode()),
+                 "logprob": -0.5, "top_logprobs": [{"id": 1000 + i if text else 2, "token": text,
+                                                    "bytes": list(text.encode()), "logprob": -0.5}]}
+        out.append(_sse({"choices": [{"text": text, "index": 0, "logprobs": {"content": [token]},
+                                      "finish_reason": None}], **tail}))
+    n = len(texts) + 1
+    out.append(_sse({"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "stop"}],
+                     **tail, "usage": {"completion_tokens": n, "prompt_tokens": prompt,
+                                       "total_tokens": prompt + n},
+                     "timings": {"prompt_n": prompt, "prompt_ms": 20.3, "predicted_n": n,
+                                 "predicted_ms": 93.6}}))
+    return b"".join(out) + DONE
 
 
 def _recordings() -> list[Recording]:
@@ -179,6 +220,15 @@ def _recordings() -> list[Recording]:
         Recording("vllm-completion-body", "vllm", "/v1/completions", {**completion, "stream": False},
                   completion_json, (9, 16)),
         Recording("tgi-generate-body", "tgi", "/generate", tgi_body, generate_json, (None, 16)),
+        # Translated: a TGI client on OpenAI engines, OpenAI completions on TGI 1.4.3 (whose
+        # streams are `data:{` without a space, keep-alives and all, and report no prompt count).
+        Recording("vllm-for-tgi-client", "vllm", "/generate_stream", tgi_body,
+                  _vllm_for_tgi(texts, 9), (9, 16)),
+        Recording("llamacpp-for-tgi-client", "llamacpp", "/generate_stream", tgi_body,
+                  _llamacpp_for_tgi(texts[:15], 9), (9, 16)),
+        Recording("tgi-1.4.3-for-openai-client", "tgi-1.4.3", "/v1/completions", completion,
+                  _tgi_stream(texts, details=True, prefix=b"data:", keepalive=True,
+                              input_length=False), (None, 16)),
     ]
 
 

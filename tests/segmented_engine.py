@@ -1,7 +1,9 @@
 """An engine that replays a recorded response cut into the writes the request asks for.
 
 The request body carries ``"segmentation": {"recording": NAME, "cuts": [...], "gaps": [...]}``
-(the gateway forwards bodies as they are): the recording's bytes are written in pieces
+(the gateway forwards bodies as they are); a translated request, whose body the gateway
+rewrites, finds its plan in ``PLANS`` under its ``x-request-id``. The recording's bytes are
+written in pieces
 ending at each cut, ``gaps[i]`` seconds before piece ``i + 1``, each piece one HTTP chunk,
 as a real engine's writes reach the gateway. Probes answer as each engine would, enough for
 the gateway's discovery, health checks and scrapes. A real uvicorn server on loopback, run
@@ -31,10 +33,19 @@ PROBES: dict[str, Any] = {
 }
 
 
+# Plans of translated requests, by x-request-id (the test and the engine share a process).
+PLANS: dict[str, dict[str, Any]] = {}
+# A replica URL ending in this is a TGI that reports an old version (no /v1/completions).
+OLD_TGI = "/tgi-1.4.3"
+
+
 class SegmentedEngine:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return
+        path = scope["path"]
+        old_tgi = path.startswith(OLD_TGI)
+        path = path.removeprefix(OLD_TGI)
         body = b""
         while True:
             message = await receive()
@@ -42,14 +53,16 @@ class SegmentedEngine:
             if not message.get("more_body"):
                 break
         if scope["method"] == "GET":
-            probe = PROBES.get(scope["path"])
-            status = 200 if probe is not None or scope["path"] in ("/health", "/metrics") else 404
+            probe = PROBES.get(path)
+            if old_tgi and path == "/info":
+                probe = {**probe, "version": "1.4.3"}
+            status = 200 if probe is not None or path in ("/health", "/metrics") else 404
             payload = orjson.dumps(probe) if probe is not None else b""
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-length", b"%d" % len(payload))]})
             await send({"type": "http.response.body", "body": payload})
             return
-        plan = orjson.loads(body)["segmentation"]
+        plan = orjson.loads(body).get("segmentation") or PLANS[dict(scope["headers"])[b"x-request-id"].decode()]
         recording = RECORDINGS[plan["recording"]]
         kind = b"text/event-stream" if recording.stream else b"application/json"
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})

@@ -220,10 +220,19 @@ def test_text_generation_client(fleet, tokenizer: ModelTokenizer) -> None:
         tgi.generate(prompt, max_new_tokens=fits + 1)
 
 
-def test_tgi_requests_go_only_to_tgi_replicas(fleet) -> None:
-    for _ in range(6):
+def test_tgi_requests_reach_every_replica(fleet) -> None:
+    """vLLM replicas serve TGI clients through translation; a parameter only TGI honours
+    (watermark) keeps the request on the TGI replica."""
+    served = set()
+    for _ in range(12):
         r = httpx.post(fleet["gateway"] + "/generate",
                        json={"inputs": "hi", "parameters": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+        served.add(r.headers["x-gateway-replica"])
+    assert served == {"vllm-a", "vllm-b", "tgi-c"}
+    for _ in range(4):
+        r = httpx.post(fleet["gateway"] + "/generate",
+                       json={"inputs": "hi", "parameters": {"max_new_tokens": 2, "watermark": True}})
         assert r.status_code == 200 and r.headers["x-gateway-replica"] == "tgi-c"
 
 
@@ -302,8 +311,10 @@ def test_engine_context_error_passes_through_in_client_shape_without_tokenizer(
                 client.completions.create(model=MODEL, prompt="hello " * 400, max_tokens=4)
             assert err.value.code == "context_length_exceeded"
             assert "exceeds the available context size" in err.value.message
-            tgi = httpx.post(gw + "/generate", json={"inputs": "x"})
+            # A TGI client, translated to llama.cpp: its refusal in TGI's shape
+            tgi = httpx.post(gw + "/generate", json={"inputs": "hello " * 400})
             assert tgi.status_code == 400 and tgi.json()["error_type"] == "validation"
+            assert "exceeds the available context size" in tgi.json()["error"]
 
 
 def test_engine_failures_reach_clients_as_well_formed_errors(tmp_path: Path) -> None:
@@ -347,8 +358,8 @@ def test_unreachable_replica_is_a_502_then_marked_down(tmp_path: Path) -> None:
             time.sleep(0.1)
         r = httpx.post(gw + "/v1/completions", json=body)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
-        tgi = httpx.post(gw + "/generate", json={"inputs": "x"})
-        assert tgi.status_code == 400 and tgi.json()["error_type"] == "validation"  # no TGI replica
+        tgi = httpx.post(gw + "/generate", json={"inputs": "x"})  # translated, but none is up
+        assert tgi.status_code == 503 and tgi.json()["error_type"] == "overloaded"
 
 
 def test_stalled_stream_ends_with_timeout_error_event(tmp_path: Path) -> None:

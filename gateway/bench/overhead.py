@@ -19,6 +19,13 @@ it is not the bottleneck):
 
 The benchmark suite (``gateway.bench.suite``) runs the same measurement on its own scenarios.
 
+With ``--translation`` it compares instead, through the same gateway and replica, a stream
+whose client speaks the replica's dialect (OpenAI ``/v1/completions``: bytes passed through)
+with one translated (TGI ``/generate_stream`` on the vLLM replica), alternating, and reports
+the gateway's CPU per streamed token event of each and their ratio. Run it with the paced
+profile so events arrive one per read, as from a real engine
+(``--sim-args '--profile paced --ttft-ms 10 --itl-ms 10'``).
+
 It prints a markdown table and writes every figure plus machine info as JSON. With
 ``--profile-dir`` it then samples the gateway with py-spy (raw format, non-blocking) under a
 non-streaming and a streaming load and summarises where its CPU time goes.
@@ -191,6 +198,7 @@ class Scenario:
     stream: bool
     concurrency: int
     max_tokens: int
+    api: str = "openai"  # the client's API (tgi on a vLLM replica: translated)
 
 
 SCENARIOS = [
@@ -217,7 +225,8 @@ async def run_segment(port: int, sc: Scenario, seconds: float,
                       pids: dict[str, int]) -> Segment:
     """Closed loop of C users (one keep-alive connection each) for WARMUP + seconds; counts
     what completed inside the measuring window and each process's CPU time over it."""
-    target = Target(f"http://{HOST}:{port}", stream=sc.stream, model=MODEL)
+    target = Target(f"http://{HOST}:{port}", api=sc.api, stream=sc.stream,  # type: ignore[arg-type]
+                    model=MODEL if sc.api == "openai" else None)
     request = Request(prompt="Measure the gateway overhead, please.", max_tokens=sc.max_tokens)
     w0 = time.perf_counter() + WARMUP
     w1 = w0 + seconds
@@ -301,13 +310,57 @@ async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float
     return out
 
 
+TRANSLATION_SCENARIOS = [
+    Scenario("stream_c16", "stream, c=16, max_tokens 256", True, 16, 256),
+    Scenario("stream_c64", "stream, c=64, max_tokens 256", True, 64, 256),
+]
+
+
+async def measure_translation(port: int, pids: dict[str, int], per_target: float, rounds: int,
+                              scenarios: list[Scenario] = TRANSLATION_SCENARIOS) -> dict[str, Any]:
+    """Same-dialect (OpenAI client) vs translated (TGI client) streams through one gateway to
+    one vLLM replica, alternating A B B A; the gateway's CPU per token event of each."""
+    out: dict[str, Any] = {}
+    for sc in scenarios:
+        variants = {"passthrough": sc, "translated": Scenario(**{**sc.__dict__, "api": "tgi"})}
+        segs: dict[str, list[Segment]] = {name: [] for name in variants}
+        for r in range(rounds):
+            for name in (("passthrough", "translated") if r % 2 == 0 else ("translated", "passthrough")):
+                segs[name].append(await run_segment(port, variants[name], per_target / rounds, pids))
+        res = {name: summarise(segs[name], variants[name], gateway=True) for name in variants}
+        a, b = (res[k].get("gateway_cpu_us_per_token") for k in ("passthrough", "translated"))
+        out[sc.key] = {"scenario": sc.__dict__, **res,
+                       "cpu_per_token_ratio": b / a if a and b else None}
+        print(f"  {sc.key}: gateway CPU per token event {a and round(a, 2)} µs passthrough, "
+              f"{b and round(b, 2)} µs translated", file=sys.stderr, flush=True)
+    return out
+
+
+def fmt(x: float | None, nd: int = 0) -> str:
+    """A figure for a markdown table: thousands separated, ``nd`` decimals, n/a if missing."""
+    return "n/a" if x is None else f"{x:,.{nd}f}"
+
+
+def translation_table(res: dict[str, Any]) -> str:
+    f = fmt
+    rows = ["| scenario | streamed tokens/s passthrough / translated | gateway CPU µs per token "
+            "event, passthrough / translated | translated / passthrough | errors |",
+            "|---|---:|---:|---:|---:|"]
+    for r in res.values():
+        p, t = r["passthrough"], r["translated"]
+        rows.append(f"| {r['scenario']['what']} | {f(p['tokens_per_s'])} / {f(t['tokens_per_s'])} "
+                    f"| {f(p.get('gateway_cpu_us_per_token'), 2)} / "
+                    f"{f(t.get('gateway_cpu_us_per_token'), 2)} | {f(r['cpu_per_token_ratio'], 2)} "
+                    f"| {p['errors']} / {t['errors']} |")
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
 def table(res: dict[str, Any]) -> str:
     """One row per scenario (direct | via gateway | added), the issue's targets, CPU use."""
-    def f(x: float | None, nd: int = 0) -> str:
-        return "n/a" if x is None else f"{x:,.{nd}f}"
+    f = fmt
 
     def added(d: float | None, g: float | None) -> str:
         return "n/a" if d is None or g is None else f"{g - d:+,.3f}"
@@ -518,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-dir", type=Path,
                         help="also profile the gateway with py-spy under load; write here")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument("--translation", action="store_true",
+                        help="compare same-dialect streams with translated ones (TGI clients on "
+                             "the vLLM replica) through the gateway, instead of direct vs gateway")
     parser.add_argument("--sim-args", default="--profile instant",
                         help="profile arguments of the simulated replica (default "
                              "'--profile instant'; e.g. '--profile paced --ttft-ms 10 "
@@ -529,7 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     pin_client()
     with replica_and_gateway(args.sim_args) as (ports, pids, tmp):
         started = time.time()
-        results = asyncio.run(measure(ports, pids, args.duration, args.rounds))
+        if args.translation:
+            results = asyncio.run(measure_translation(ports["gateway"], pids, args.duration,
+                                                      args.rounds))
+        else:
+            results = asyncio.run(measure(ports, pids, args.duration, args.rounds))
         prof = None
         if args.profile_dir:
             prof = asyncio.run(profile(ports, pids, args.profile_dir,
@@ -552,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     m = report["machine"]
     print(f"\n{m['nproc']} cores, {m['cpu_model']}, Python {m['python']}\n")
-    print(table(results))
+    print(translation_table(results) if args.translation else table(results))
     if prof is not None:
         print(profile_text(prof))
     print(f"\nJSON: {args.out}")

@@ -38,7 +38,8 @@ from typing import Any, Iterator
 
 from gateway.bench import overhead
 from gateway.bench.loadgen import Request, Target, open_loop, poisson_arrivals
-from gateway.bench.overhead import HOST, Scenario, free_port, machine_info, start, stop, wait_ready
+from gateway.bench.overhead import (HOST, Scenario, fmt, free_port, machine_info, start, stop,
+                                    wait_ready)
 from gateway.bench.report import summarize_records
 from gateway.bench.workload import synthetic_prompt
 
@@ -199,8 +200,7 @@ def simulated(summary: dict[str, Any], speed: float) -> dict[str, Any]:
 
 
 def balancing_table(res: dict[str, Any]) -> str:
-    def f(x: float | None, nd: int = 0) -> str:
-        return "n/a" if x is None else f"{x:,.{nd}f}"
+    f = fmt
     rows = ["| policy | TTFT p50 / p99 ms | short requests TTFT p50 / p99 ms | output tok/s "
             "| time to finish the set s | TTFT p99 ms of each round | errors |",
             "|---|---:|---:|---:|---:|---:|---:|"]

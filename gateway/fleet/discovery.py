@@ -2,7 +2,9 @@
 
 vLLM/SGLang: ``GET /v1/models`` ``max_model_len``; TGI: ``GET /info`` ``max_total_tokens``
 and ``max_input_tokens`` (``max_input_length`` before v2.1), and ``max_concurrent_requests``
-(TGI answers 429 beyond it, so the gateway queues instead); llama.cpp: ``GET /props``
+(TGI answers 429 beyond it, so the gateway queues instead) and ``version`` (which routes it
+has: /v1/completions came in 1.4.4, so OpenAI completions to older ones are translated to
+/generate); llama.cpp: ``GET /props``
 ``default_generation_settings.n_ctx`` (per slot, which is what a request gets).
 """
 
@@ -40,6 +42,8 @@ async def discover_window(session: aiohttp.ClientSession, replica: Replica,
             replica.max_input_tokens = _int(info.get("max_input_tokens")
                                             or info.get("max_input_length"))
             replica.max_concurrent_requests = _int(info.get("max_concurrent_requests"))
+            version = info.get("version")
+            replica.version = version if isinstance(version, str) else None
         elif replica.engine == "llamacpp":
             props = await _get_json(session, f"{replica.url}/props", timeout)
             replica.max_model_len = _int(props.get("default_generation_settings", {}).get("n_ctx"))

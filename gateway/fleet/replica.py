@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from gateway.fleet.engine_signals import EngineSignals
 
 # Which client protocols each engine speaks natively. TGI also serves the OpenAI-style
-# Messages API (/v1/chat/completions, /v1/completions).
+# Messages API (/v1/chat/completions, /v1/completions). The other protocol reaches every engine
+# through translation (gateway/protocol/translate).
 ENGINE_APIS: dict[str, frozenset[Api]] = {
     "vllm": frozenset({Api.OPENAI}),
     "sglang": frozenset({Api.OPENAI}),
@@ -38,6 +39,7 @@ class Replica:
     draining: bool = False  # admin: finish in-flight work, take nothing new
     max_concurrent_requests: int | None = None  # the engine's own in-flight limit, if it reports one
     signals: "EngineSignals | None" = None  # latest scrape of the engine's own load (engine_signals.py)
+    version: str | None = None  # the engine's version where it reports one (TGI /info): what it serves
     apis: frozenset[Api] = field(default=frozenset())
 
     def __post_init__(self) -> None:

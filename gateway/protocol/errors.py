@@ -125,7 +125,8 @@ class ModelNotFound(GatewayError):
 
 
 class ApiNotServed(GatewayError):
-    """No replica of the model speaks the client's protocol (translation is not built yet)."""
+    """No replica of the model can serve the client's protocol (an OpenAI chat on a TGI that
+    predates its Messages API)."""
 
     status = 400
     openai_type = "invalid_request_error"
@@ -190,8 +191,12 @@ class UpstreamError(GatewayError):
         self.tgi_type = tgi_type or self.tgi_type
         self.engine_type = engine_type
         self.code = code
+        self.tgi_status_override: int | None = None  # an OpenAI engine's error for a TGI client
         if code == "context_length_exceeded":
             self.reason = "context_length"
+
+    def tgi_status(self) -> int:
+        return self.tgi_status_override or self.status
 
 
 class UpstreamUnavailable(GatewayError):

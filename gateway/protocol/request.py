@@ -30,6 +30,7 @@ class GenerationRequest:
     wants_usage: bool = False  # the client asked for the usage chunk of a stream
     choices: int = 1  # OpenAI ``n``: output is generated this many times
     session: str | None = None  # the client's session id (header x-session-id), for stickiness
+    tgi_parameters: Any = None  # a TGI request's parsed parameters, once translation needs them
 
     @property
     def is_chat(self) -> bool:

@@ -23,6 +23,8 @@ def parse_generate(raw: bytes, stream: bool | None) -> GenerationRequest:
         stream, path = bool(field(body, "stream", bool)), "/"
     else:
         path = "/generate_stream" if stream else "/generate"
+    best_of = field(parameters, "best_of", int, where="parameters.")
     return GenerationRequest(api=Api.TGI, path=path,
                              body=body, raw=raw, model=None, stream=stream,
-                             max_tokens=max_new_tokens, prompt=inputs)
+                             max_tokens=max_new_tokens, prompt=inputs,
+                             choices=best_of if best_of and best_of > 1 else 1)  # all generated

@@ -24,7 +24,7 @@ from gateway.sim.faults import FaultError, Faults
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
-from gateway.sim.wire import OpenAIStream, TGIStream, openai_body, tgi_output
+from gateway.sim.wire import OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
 from gateway.tokens import ModelTokenizer
 
 Handler = Callable[[Request], Awaitable[None]]
@@ -50,6 +50,7 @@ class SimConfig:
     no_stream_usage: bool = False        # ignore stream_options.include_usage
     event_writes: bool = False           # one write per SSE event (as vLLM's generator yields)
     event_gap_s: float = 0.0             # with event_writes: pause between two writes
+    tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
 
 
 class SimApp:
@@ -57,13 +58,17 @@ class SimApp:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.dialect: Dialect = make_dialect(cfg.dialect, cfg.vllm_flat_errors, cfg.tgi_sse_no_space)
+        old_sse = cfg.dialect == "tgi" and _version(cfg.tgi_version) < (2, 1, 0)  # axum 0.6: `data:{`
+        self.dialect: Dialect = make_dialect(cfg.dialect, cfg.vllm_flat_errors, cfg.tgi_sse_no_space or old_sse)
         self.faults = cfg.faults
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
         self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
                              cfg.max_input_tokens or cfg.max_model_len - 1)
         self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
+        eos_text = cfg.tokenizer.special_tokens.get("eos_token") or "</s>"
+        eos_id = (cfg.tokenizer.tokenizer.token_to_id(eos_text) or 0) if eos_text else 0
+        self.vocab = Vocab(self.piece_ids, eos_id, eos_text, cfg.tokenizer.decode)
         self.created = int(time.time())
         self.in_flight = 0
         self.routes: dict[tuple[str, str], Handler] = {
@@ -90,6 +95,12 @@ class SimApp:
                     ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
         }
         self.routes.update(extra[cfg.dialect])
+        if cfg.dialect == "tgi":  # what older TGI versions did not have yet
+            version = _version(cfg.tgi_version)
+            if version < (1, 4, 4):
+                del self.routes[("POST", "/v1/completions")]
+            if version < (1, 4, 0):
+                del self.routes[("POST", "/v1/chat/completions")]
         self.paths = {path for _, path in self.routes}
 
     # --- ASGI ---
@@ -145,7 +156,7 @@ class SimApp:
         engine = self.engine
         hashes = block_hashes(job.prompt_ids, self.cfg.profile.block_size) if self.cfg.prefix_cache else ()
         seq = Sequence(job.prompt_tokens, job.max_new, job.finish_reason, hashes)
-        pieces = textgen.generate(job.seed, job.max_new)
+        pieces = job.choices[0].pieces  # streams: one choice
         self.meter.requests_received += 1
         self.in_flight += 1
         engine.submit(seq)
@@ -234,11 +245,10 @@ class SimApp:
                 return
             raise
         model = body.get("model") or cfg.model
-        events = OpenAIStream(chat, model, job.prompt_tokens, job.max_new, job.finish_reason,
+        events = OpenAIStream(d.name, chat, model, job, self.vocab,
                               job.include_usage and not cfg.no_stream_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
-        await self.run(req, job, events,
-                       lambda pieces, seq: openai_body(chat, model, job.prompt_tokens, pieces, seq.finish_reason))
+        await self.run(req, job, events, lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
 
     async def models(self, req: Request) -> None:
         card = self.dialect.model_card(self.cfg.model, self.cfg.max_model_len, self.created)
@@ -262,7 +272,7 @@ class SimApp:
         streaming = stream if stream is not None else body.get("stream") is True
         compat = stream is None
         try:
-            job = tgi_job(body, self.cfg.tokenizer, d, self.limits, streaming)
+            job = tgi_job(body, self.cfg.tokenizer, d, self.limits, streaming, compat=compat)
             if streaming:
                 self._check_overload()
         except ClientError as err:
@@ -272,11 +282,11 @@ class SimApp:
             await start_stream(req.send, [(b"x-compute-type", b"gpu+optimized")])
             await write(req.send, d.stream_error_event(err), more=False)  # TGI: errors inside HTTP 200
             return
-        events = TGIStream(self.piece_ids, job.prompt_tokens, job.max_new, job.finish_reason,
-                           job.reported_seed, job.details, d.data_prefix)
+        # details.input_length came with TGI 2.3
+        events = TGIStream(job, self.vocab, _version(self.cfg.tgi_version) >= (2, 3, 0), d.data_prefix)
 
         def body_of(pieces: list[int], seq: Sequence) -> bytes:
-            out = tgi_output(self.piece_ids, pieces, seq.finish_reason, job.reported_seed, job.details)
+            out = tgi_output(job, self.vocab)
             return orjson.dumps([out] if compat else out)
 
         await self.run(req, job, events, body_of, self._tgi_headers)
@@ -305,7 +315,7 @@ class SimApp:
             "max_input_tokens": self.limits.max_input_tokens, "max_total_tokens": cfg.max_model_len,
             "waiting_served_ratio": 0.3, "max_batch_total_tokens": min(p.kv_capacity_tokens, 2**31 - 1),
             "max_waiting_tokens": 20, "max_batch_size": p.max_running_seqs, "validation_workers": 2,
-            "max_client_batch_size": 4, "router": "text-generation-router", "version": VERSION["tgi"],
+            "max_client_batch_size": 4, "router": "text-generation-router", "version": cfg.tgi_version,
             "sha": None, "docker_label": None})
 
     async def tgi_tokenize(self, req: Request) -> None:
@@ -403,6 +413,11 @@ class SimApp:
             await respond_json(req.send, 400, {"error": str(exc)})
             return
         await respond_json(req.send, 200, self.faults.as_dict())
+
+
+def _version(version: str) -> tuple[int, ...]:
+    parts = [int(p) for p in version.split("-")[0].split(".")[:3] if p.isdigit()]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def req_body_stream(body: bytes) -> Any:

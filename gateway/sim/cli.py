@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vLLM <= 0.10.0: flat error body {\"object\":\"error\",...} and the old "
                            "context-length wording")
     wire.add_argument("--tgi-sse-no-space", action="store_true", help="TGI < 2.1: SSE lines 'data:{...}'")
+    wire.add_argument("--tgi-version",
+                      help="TGI: the version to emulate and report in /info (default 3.3.6); older ones "
+                           "lack what they lacked: /v1/completions (< 1.4.4), /v1/chat/completions "
+                           "(< 1.4.0), the space in 'data: ' (< 2.1.0), details.input_length in "
+                           "streams (< 2.3.0)")
     wire.add_argument("--no-stream-usage", action="store_true",
                       help="ignore stream_options.include_usage: OpenAI streams carry no usage "
                            "(as engines without it do)")
@@ -107,7 +112,7 @@ def build_config(args: argparse.Namespace):
     import random
 
     from gateway.model_dir import builtin_model_dir
-    from gateway.sim.app import SimConfig
+    from gateway.sim.app import VERSION, SimConfig
     from gateway.sim.faults import Faults, check
     from gateway.sim.profiles import get_profile
     from gateway.tokens import load_tokenizer
@@ -138,7 +143,8 @@ def build_config(args: argparse.Namespace):
         prefix_cache=args.prefix_cache, faults=faults, vllm_flat_errors=args.vllm_flat_errors,
         tgi_sse_no_space=args.tgi_sse_no_space, max_concurrent_requests=args.max_concurrent_requests,
         max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
-        event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0)
+        event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
+        tgi_version=args.tgi_version or VERSION["tgi"])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -195,6 +195,9 @@ class TGI(Dialect):
     checks_model_name = False
     completions_default_max_tokens = None
 
+    max_stop_sequences = 4  # TGI's defaults (/info reports them)
+    max_best_of = 2
+
     _TYPES = {"schema": "validation", "invalid": "validation", "context": "validation",
               "overloaded": "overloaded", "injected": "generation", "not_found": "not_found"}
 

@@ -7,7 +7,7 @@ completion and TGI prompts are encoded with them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field as field_
 from typing import Any
 
 import orjson
@@ -18,20 +18,49 @@ from gateway.tokens import ChatTemplateError, ModelTokenizer
 
 
 @dataclass
+class Choice:
+    """One generated sequence: its tokens (pieces; ``textgen.EOS`` for a natural end), why it
+    ended (``length``, ``eos`` or ``stop``) and the stop string that matched."""
+
+    pieces: list[int]
+    finish: str
+    stop: str | None = None
+
+
+@dataclass
+class Extras:
+    """What a request asked to see beyond the text (per engine, as the engine names it)."""
+
+    logprobs: int | None = None          # OpenAI: top-k logprobs (0: the sampled token's only)
+    chat_logprobs: bool = False          # chat's logprobs/top_logprobs format
+    token_ids: bool = False              # vLLM/SGLang return_token_ids
+    tokens_as_ids: bool = False          # vLLM return_tokens_as_token_ids
+    prompt_logprobs: int | None = None   # vLLM prompt_logprobs
+    echo: bool = False                   # OpenAI completions: the prompt before the text
+    include_stop: bool = False           # vLLM include_stop_str_in_output, SGLang no_stop_trim
+    top_n_tokens: int = 0                # TGI
+    decoder_input_details: bool = False  # TGI
+    return_full_text: bool = False       # TGI
+    prompt_text: str = ""                # the prompt as text (echo, return_full_text)
+
+
+@dataclass
 class Job:
     """One generation, decided before it enters the engine."""
 
     chat: bool
     prompt_ids: list[int]
     prompt_tokens: int
-    max_new: int
-    finish_reason: str
-    seed: int
+    max_new: int          # tokens the engine generates (all choices together)
+    finish_reason: str    # the first choice's, in the dialect's words (metrics)
+    seed: int             # the seed the tokens were drawn with
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
     details: bool = False
     reported_seed: int | None = None  # TGI details.seed
+    choices: list[Choice] = field_(default_factory=list)
+    extras: Extras = field_(default_factory=Extras)
 
 
 @dataclass
@@ -75,14 +104,37 @@ def field(body: dict[str, Any], name: str, kind: type, dialect: Dialect, default
     return value
 
 
-def _output(seed: int, explicit: int | None, cap: int, limits: Limits, natural_reason: str) -> tuple[int, str]:
-    """Exactly ``explicit`` tokens ("length"), else a seeded natural length within ``cap``."""
+def _choices(seed: int, explicit: int | None, cap: int, limits: Limits, stops: list[str],
+             tgi: bool, n: int = 1) -> list[Choice]:
+    """``n`` sequences: exactly ``explicit`` tokens ("length"), else a seeded natural length
+    within ``cap`` ending in the EOS token; cut at the first stop string that matches (on TGI
+    a sequence at its length limit ends on "length" first; elsewhere the stop string wins)."""
     cap = max(1, cap)
-    if explicit is not None:
-        n = min(explicit, cap)
-        return n, "length"
-    n = textgen.natural_length(seed, limits.mean_output_tokens, cap)
-    return n, "length" if n == cap else natural_reason
+    out = []
+    for i in range(n):
+        s = seed + i
+        if explicit is not None:
+            pieces, finish = textgen.generate(s, min(explicit, cap)), "length"
+        else:
+            natural = textgen.natural_length(s, limits.mean_output_tokens, cap)
+            pieces, finish = ((textgen.generate(s, natural), "length") if natural == cap else
+                              (textgen.generate(s, natural - 1) + [textgen.EOS], "eos"))
+        choice = Choice(pieces, finish)
+        matched = textgen.stop_at(pieces, stops, suffix_rule=tgi)
+        if matched is not None and not (tgi and finish == "length" and matched[0] == len(pieces) - 1):
+            choice = Choice(pieces[:matched[0] + 1], "stop", matched[1])
+        out.append(choice)
+    return out
+
+
+def _stops(value: Any, dialect: Dialect) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [v for v in value if v]
+    raise ClientError(_schema_message(dialect, "stop", "a string or a list of strings", value), "schema", "stop")
 
 
 def _stream_flags(body: dict[str, Any], dialect: Dialect) -> tuple[bool, bool, bool]:
@@ -136,26 +188,98 @@ def _completion_ids(body: dict[str, Any], tok: ModelTokenizer, dialect: Dialect)
                       "schema", "prompt")
 
 
+def _logprob_options(body: dict[str, Any], chat: bool, stream: bool, dialect: Dialect) -> Extras:
+    """logprobs, token ids and prompt logprobs, as each engine takes them."""
+    extras = Extras()
+    if chat:
+        if field(body, "logprobs", bool, dialect, False):
+            extras.logprobs = field(body, "top_logprobs", int, dialect, 0)
+            extras.chat_logprobs = True
+    else:
+        extras.logprobs = field(body, "n_probs" if dialect.name == "llamacpp" and "n_probs" in body
+                                else "logprobs", int, dialect)
+    if extras.logprobs is not None and extras.logprobs < 0:
+        raise ClientError(f"`logprobs` must be a positive value or -1. (parameter=logprobs, value="
+                          f"{extras.logprobs})", "invalid", "logprobs")
+    if extras.logprobs is not None and extras.logprobs > 20 and dialect.name == "vllm":
+        raise ClientError(f"Requested sample logprobs of {extras.logprobs}, which is greater than "
+                          f"max allowed: 20", "invalid", "logprobs")
+    if dialect.name in ("vllm", "sglang"):
+        extras.token_ids = bool(field(body, "return_token_ids", bool, dialect, False))
+    if dialect.name == "vllm":
+        extras.tokens_as_ids = bool(field(body, "return_tokens_as_token_ids", bool, dialect, False))
+        extras.prompt_logprobs = None if chat else field(body, "prompt_logprobs", int, dialect)
+        if extras.prompt_logprobs is not None and stream:
+            raise ClientError("`prompt_logprobs` are not available when `stream=True`. (parameter="
+                              "prompt_logprobs)", "invalid", "prompt_logprobs")
+        extras.include_stop = bool(field(body, "include_stop_str_in_output", bool, dialect, False))
+    if dialect.name == "sglang":
+        extras.include_stop = bool(field(body, "no_stop_trim", bool, dialect, False))
+    if not chat and dialect.name in ("vllm", "sglang"):
+        extras.echo = bool(field(body, "echo", bool, dialect, False))
+    return extras
+
+
+def _guided(body: dict[str, Any], dialect: Dialect) -> None:
+    """Guided decoding parameters are checked as the engine checks them (the simulated text
+    does not follow them)."""
+    if dialect.name == "vllm":
+        outputs = field(body, "structured_outputs", dict, dialect)
+        if outputs is not None and sum(outputs.get(k) is not None for k in ("json", "regex", "choice")) > 1:
+            raise ClientError("You can only use one kind of constraints for structured outputs ('json', "
+                              "'regex' or 'choice'). (parameter=structured_outputs)", "invalid",
+                              "structured_outputs")
+    elif dialect.name == "sglang":
+        given = [k for k in ("json_schema", "regex", "ebnf") if body.get(k) is not None]
+        for key in given:
+            field(body, key, str, dialect)
+        if len(given) > 1:
+            raise ClientError("Only one of regex, json_schema, or ebnf can be set.", "invalid", given[1])
+    elif dialect.name == "llamacpp":
+        field(body, "json_schema", dict, dialect)
+        field(body, "grammar", str, dialect)
+    for name in ("top_k", "min_p"):
+        field(body, name, float, dialect)
+    for name in ("repetition_penalty", "repeat_penalty", "typical_p", "frequency_penalty", "presence_penalty"):
+        field(body, name, float, dialect)
+
+
 def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: Dialect, limits: Limits) -> Job:
     """A ``/v1/chat/completions`` or ``/v1/completions`` request, validated as ``dialect`` does."""
     model = field(body, "model", str, dialect)
     if dialect.checks_model_name and model is not None and model != limits.model:
         raise dialect.unknown_model(model)
+    if dialect.name == "sglang" and body.get("lora_path") is not None:
+        raise ClientError("LoRA is not enabled on this server (launch it with --enable-lora)", "invalid",
+                          "lora_path")
     stream, include_usage, continuous = _stream_flags(body, dialect)
     n = field(body, "n", int, dialect, 1)
-    if n != 1:
-        raise ClientError("the simulator generates one choice per request (n=1)", "invalid", "n")
+    if n != 1 and dialect.name == "llamacpp":
+        raise ClientError("Only one completion choice is allowed", "invalid", "n")
+    if n < 1 or (n != 1 and stream):
+        raise ClientError("the simulator streams one choice per request (n=1)", "invalid", "n")
     max_tokens = field(body, "max_tokens", int, dialect)
     if chat:
         max_tokens = field(body, "max_completion_tokens", int, dialect) or max_tokens
     ids = chat_ids(body, tok, dialect) if chat else _completion_ids(body, tok, dialect)
+    truncate = field(body, "truncate_prompt_tokens", int, dialect) if dialect.name == "vllm" else None
+    if truncate is not None and 0 < truncate < len(ids):
+        ids = ids[-truncate:]  # vLLM keeps the last tokens
     prompt = len(ids)
+    extras = _logprob_options(body, chat, stream, dialect)
+    if extras.echo:
+        extras.prompt_text = body["prompt"] if isinstance(body.get("prompt"), str) else tok.decode(ids)
+    _guided(body, dialect)
+    stops = _stops(body.get("stop"), dialect)
+    temperature = field(body, "temperature", float, dialect)
+    greedy = temperature is not None and temperature <= 0
     seed = field(body, "seed", int, dialect)
-    seed = seed if seed is not None else textgen.default_seed(ids)
+    # Greedy decoding ignores the seed: the same prompt gives the same tokens.
+    seed = textgen.default_seed(ids) if greedy or seed is None else seed
     limit = limits.max_model_len
     if isinstance(dialect, TGI):
         new = dialect.check_generate(prompt, max_tokens, limits.max_input_tokens, limit)
-        max_new, reason = _output(seed, max_tokens, new, limits, "stop")
+        choices = _choices(seed, max_tokens, new, limits, stops, tgi=True, n=n)
     else:
         if max_tokens is None and not chat:
             max_tokens = dialect.completions_default_max_tokens
@@ -163,13 +287,16 @@ def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: D
         dialect.check_context(prompt, max_tokens, limit)
         if max_tokens is not None and max_tokens <= 0:  # llama.cpp n_predict <= 0: no limit
             max_tokens = None
-        max_new, reason = _output(seed, max_tokens, dialect.output_cap(prompt, limit), limits, "stop")
-    return Job(chat, ids, prompt, max_new, reason, seed, stream, include_usage, continuous)
+        choices = _choices(seed, max_tokens, dialect.output_cap(prompt, limit), limits, stops, tgi=False, n=n)
+    reason = "length" if choices[0].finish == "length" else "stop"
+    return Job(chat, ids, prompt, sum(len(c.pieces) for c in choices), reason, seed, stream, include_usage,
+               continuous, choices=choices, extras=extras)
 
 
 def tgi_job(body: dict[str, Any], tok: ModelTokenizer, dialect: TGI, limits: Limits,
-            stream: bool | None = None) -> Job:
-    """A ``/generate`` (``/generate_stream``, ``POST /``) request, validated as TGI's router does."""
+            stream: bool | None = None, compat: bool = False) -> Job:
+    """A ``/generate`` (``/generate_stream``, ``POST /``: ``compat``) request, validated as
+    TGI's router does."""
     inputs = body.get("inputs")
     if not isinstance(inputs, str):
         raise ClientError("Failed to deserialize the JSON body into the target type: "
@@ -179,18 +306,41 @@ def tgi_job(body: dict[str, Any], tok: ModelTokenizer, dialect: TGI, limits: Lim
     if max_new is not None and max_new < 0:
         raise ClientError("Failed to deserialize the JSON body into the target type: "
                           "parameters.max_new_tokens: expected u32", "schema")
-    truncate = field(params, "truncate", int, dialect)
-    details = field(params, "details", bool, dialect, False)
-    given_seed = field(params, "seed", int, dialect)
-    do_sample = field(params, "do_sample", bool, dialect, False)
-    ids = tok.encode(inputs, add_special_tokens=True)
-    if truncate is not None and truncate < len(ids):
-        ids = ids[-truncate:]  # TGI keeps the last tokens
-    prompt = len(ids)
-    new = dialect.check_generate(prompt, max_new, limits.max_input_tokens, limits.max_model_len)
-    seed = given_seed if given_seed is not None else textgen.default_seed(ids)
-    n, reason = _output(seed, max_new, new, limits, "eos_token")
     if stream is None:
         stream = field(body, "stream", bool, dialect, False)
-    return Job(False, ids, prompt, n, reason, seed, stream, details=details,
-               reported_seed=given_seed if given_seed is not None else (seed if do_sample else None))
+    p = tgi_parameters(body, stream, compat, dialect)
+    if max_new is not None and max_new == 0:
+        raise ClientError("Input validation error: `max_new_tokens` must be strictly positive")
+    if len(p.stop) > dialect.max_stop_sequences:
+        raise ClientError(f"Input validation error: `stop` supports up to {dialect.max_stop_sequences} stop "
+                          f"sequences. Given: {len(p.stop)}")
+    if p.best_of > dialect.max_best_of:
+        raise ClientError(f"Input validation error: `best_of` must be > 0 and <= {dialect.max_best_of}. "
+                          f"Given: {p.best_of}")
+    ids = tok.encode(inputs, add_special_tokens=True)
+    if p.truncate is not None and p.truncate < len(ids):
+        ids = ids[-p.truncate:]  # TGI keeps the last tokens
+    prompt = len(ids)
+    new = dialect.check_generate(prompt, max_new, limits.max_input_tokens, limits.max_model_len)
+    given_seed = p.seed
+    # Greedy decoding (TGI's Greedy(): no sampling, no warper) ignores the seed and reports none.
+    seed = given_seed if given_seed is not None and p.sampling else textgen.default_seed(ids)
+    choices = _choices(seed, max_new, new, limits, p.stop, tgi=True, n=p.best_of)
+    extras = Extras(top_n_tokens=p.top_n_tokens, decoder_input_details=p.decoder_input_details,
+                    return_full_text=p.return_full_text, prompt_text=inputs)
+    reason = {"length": "length", "eos": "eos_token", "stop": "stop_sequence"}[choices[0].finish]
+    return Job(False, ids, prompt, sum(len(c.pieces) for c in choices), reason, seed, stream,
+               details=p.details or p.decoder_input_details, reported_seed=seed if p.sampling else None,
+               choices=choices, extras=extras)
+
+
+def tgi_parameters(body: dict[str, Any], stream: bool, compat: bool, dialect: TGI) -> Any:
+    """TGI's parameter checks and messages (shared with the gateway's translation, which
+    copies TGI's router for requests it sends to other engines)."""
+    from gateway.protocol.errors import InvalidRequest
+    from gateway.protocol.translate.tgi_request import parse_parameters
+
+    try:
+        return parse_parameters(body, stream, compat)
+    except InvalidRequest as exc:
+        raise ClientError(exc.message) from None

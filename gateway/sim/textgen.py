@@ -16,7 +16,7 @@ import orjson
 from gateway.model_dir import WORDS
 
 PIECES: tuple[str, ...] = tuple(" " + w for w in WORDS)
-PIECES_JSON: tuple[bytes, ...] = tuple(orjson.dumps(p) for p in PIECES)  # b'" the"'
+PIECES_JSON: tuple[bytes, ...] = tuple(orjson.dumps(p) for p in PIECES) + (b'""',)  # b'" the"'; EOS
 _INDICES = range(len(PIECES))
 
 
@@ -37,7 +37,7 @@ def natural_length(seed: int, mean: int, cap: int) -> int:
 
 
 def text(pieces: Sequence[int]) -> str:
-    return "".join([PIECES[i] for i in pieces])
+    return "".join([PIECES[i] for i in pieces if i != EOS])
 
 
 class PieceIds:
@@ -45,3 +45,48 @@ class PieceIds:
 
     def __init__(self, encode) -> None:  # encode: (str) -> list[int]
         self.ids = tuple((encode(p) or [0])[0] for p in PIECES)
+
+
+# A natural end of generation is an end-of-sequence token, as on a real engine: generated and
+# counted like any token, empty in OpenAI texts, the tokenizer's EOS (special) in TGI's details.
+EOS = len(PIECES)
+
+
+def words(pieces: Sequence[int]) -> list[int]:
+    return [i for i in pieces if i != EOS]
+
+
+def logprob(seed: int, position: int) -> float:
+    """The deterministic logprob of the token at ``position`` (sampled tokens rank first)."""
+    return -round(0.05 + (zlib.crc32(b"%d:%d" % (seed, position)) % 3000) / 1000, 4)
+
+
+def alternatives(seed: int, position: int, sampled: int, n: int) -> list[tuple[int, float]]:
+    """The ``n`` most likely tokens at ``position``: the sampled one first, then other pieces,
+    each less likely than the one before."""
+    first = logprob(seed, position)
+    out = [(sampled, first)]
+    step = 1 + (zlib.crc32(b"alt:%d:%d" % (seed, position)) % 7)
+    j = sampled if sampled != EOS else 0
+    while len(out) < n:
+        j = (j + step) % len(PIECES)
+        if all(j != k for k, _ in out):
+            out.append((j, round(first - 0.5 * len(out), 4)))
+    return out
+
+
+def stop_at(pieces: Sequence[int], stops: Sequence[str], suffix_rule: bool) -> tuple[int, str] | None:
+    """The first token after which a stop string matched, and which: TGI's rule
+    (``suffix_rule``: the text ends with it) or vLLM's, SGLang's and llama.cpp's (it
+    appears in the text)."""
+    if not stops:
+        return None
+    text = ""
+    for k, j in enumerate(pieces):
+        if j == EOS:
+            return None
+        text += PIECES[j]
+        for stop in stops:
+            if (text.endswith(stop) if suffix_rule else stop in text):
+                return k, stop
+    return None

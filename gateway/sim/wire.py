@@ -1,7 +1,23 @@
 """Response bodies and SSE events of OpenAI-style and TGI generation routes.
 
-Stream events are cut from templates once per response (``_split``) and filled with the
-pre-encoded JSON of each word piece, so a token costs a few byte concatenations.
+Plain stream events are cut from templates once per response (``_split``) and filled with the
+pre-encoded JSON of each word piece, so a token costs a few byte concatenations. Requests that
+ask for more (logprobs, token ids, stop strings, echo) get each event built as a dict, in the
+engine's own field order:
+
+- vLLM: ``logprobs`` (completions: ``tokens``/``token_logprobs``/``top_logprobs``/
+  ``text_offset``; ``return_tokens_as_token_ids`` writes tokens as ``token_id:N``), chat
+  ``logprobs``/``top_logprobs``, ``return_token_ids`` (``token_ids``, ``prompt_token_ids`` in
+  the first chunk), ``prompt_logprobs`` (``{id: {logprob, rank, decoded_token}}``, the first
+  ``null``), ``echo``, stop strings (cut from the text unless ``include_stop_str_in_output``;
+  named in ``stop_reason``), ``n`` (not streamed).
+- SGLang: the same logprobs, ``matched_stop`` (the stop string, or the EOS token id),
+  ``no_stop_trim``.
+- llama.cpp: ``logprobs.content`` (``{id, token, bytes, logprob, top_logprobs}``), the stop
+  string always cut, and the end of a stream in a chunk of its own, after the last token.
+- TGI: token ids and logprobs, ``top_tokens`` (``top_n_tokens``), ``prefill``
+  (``decoder_input_details``), ``best_of_sequences``, ``return_full_text``; the EOS token is
+  ``special`` and shows in details but not in ``generated_text``.
 """
 
 from __future__ import annotations
@@ -12,7 +28,9 @@ from typing import Any, Sequence
 
 import orjson
 
-from gateway.sim.textgen import PIECES, PIECES_JSON, text
+from gateway.sim import textgen
+from gateway.sim.parse import Choice, Job
+from gateway.sim.textgen import EOS, PIECES, PIECES_JSON, text
 
 _HOLE = "\x00"
 _HOLE_JSON = b'"\\u0000"'
@@ -32,24 +50,173 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
 
+class Vocab:
+    """What the engine knows of its tokens: ids of the word pieces, the EOS token, decoding."""
+
+    def __init__(self, piece_ids: Sequence[int], eos_id: int, eos_text: str, decode: Any) -> None:
+        self.piece_ids, self.eos_id, self.eos_text, self.decode = piece_ids, eos_id, eos_text, decode
+
+    def id(self, j: int) -> int:
+        return self.eos_id if j == EOS else self.piece_ids[j]
+
+    def openai_text(self, j: int) -> str:
+        return "" if j == EOS else PIECES[j]
+
+
+def openai_texts(choice: Choice, trim_stop: bool) -> list[str]:
+    """Each token's share of the text the client sees: a matched stop string is cut (with
+    what follows it in its token) unless the request keeps it."""
+    texts = ["" if j == EOS else PIECES[j] for j in choice.pieces]
+    full = "".join(texts)
+    keep = len(full)
+    if choice.finish == "stop" and choice.stop:
+        at = full.find(choice.stop)
+        keep = at if trim_stop else at + len(choice.stop)
+    out, done = [], 0
+    for t in texts:
+        take = max(0, min(len(t), keep - done))
+        out.append(t[:take])
+        done += len(t)
+    return out
+
+
+def _stop_field(dialect: str, choice: Choice, vocab: Vocab) -> tuple[str, Any] | None:
+    if dialect == "vllm":
+        return "stop_reason", choice.stop
+    if dialect == "sglang":
+        return "matched_stop", choice.stop if choice.stop else (vocab.eos_id if choice.finish == "eos" else None)
+    return None
+
+
+def _openai_finish(choice: Choice) -> str:
+    return "length" if choice.finish == "length" else "stop"
+
+
+class _Logprobs:
+    """OpenAI logprobs of one choice, in the engine's format."""
+
+    def __init__(self, dialect: str, job: Job, vocab: Vocab, seed: int) -> None:
+        self.dialect, self.job, self.vocab, self.seed = dialect, job, vocab, seed
+        self.k = job.extras.logprobs or 0
+        self.as_ids = job.extras.tokens_as_ids
+
+    def _name(self, j: int) -> str:
+        return f"token_id:{self.vocab.id(j)}" if self.as_ids else self.vocab.openai_text(j)
+
+    def completion(self, start: int, pieces: Sequence[int], offset: int) -> dict[str, Any]:
+        """vLLM/SGLang completions format for tokens ``start ..`` (text offsets from ``offset``)."""
+        out: dict[str, Any] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        for position, j in enumerate(pieces, start):
+            lp = textgen.logprob(self.seed, position)
+            out["text_offset"].append(offset)
+            offset += len(self.vocab.openai_text(j))
+            out["token_logprobs"].append(lp)
+            out["tokens"].append(self._name(j))
+            top = textgen.alternatives(self.seed, position, j, max(self.k, 1))
+            out["top_logprobs"].append({self._name(a): v for a, v in top})
+        return out
+
+    def llamacpp(self, start: int, pieces: Sequence[int]) -> dict[str, Any] | None:
+        if not self.k:  # n_probs 0: no probabilities
+            return None
+        content = []
+        for position, j in enumerate(pieces, start):
+            def entry(a: int, v: float) -> dict[str, Any]:
+                t = self.vocab.openai_text(a)
+                return {"id": self.vocab.id(a), "token": t, "bytes": list(t.encode()), "logprob": v}
+            top = textgen.alternatives(self.seed, position, j, self.k)
+            content.append({**entry(j, textgen.logprob(self.seed, position)),
+                            "top_logprobs": [entry(a, v) for a, v in top]})
+        return {"content": content}
+
+    def chat(self, start: int, pieces: Sequence[int]) -> dict[str, Any]:
+        content = []
+        for position, j in enumerate(pieces, start):
+            def entry(a: int, v: float) -> dict[str, Any]:
+                t = self._name(a)
+                return {"token": t, "logprob": v, "bytes": list(t.encode())}
+            top = textgen.alternatives(self.seed, position, j, self.k) if self.k else []
+            content.append({**entry(j, textgen.logprob(self.seed, position)),
+                            "top_logprobs": [entry(a, v) for a, v in top]})
+        return {"content": content}
+
+    def of(self, start: int, pieces: Sequence[int], offset: int, chat: bool) -> Any:
+        if self.job.extras.logprobs is None:
+            return None
+        if chat:
+            return self.chat(start, pieces)
+        if self.dialect == "llamacpp":
+            return self.llamacpp(start, pieces)
+        return self.completion(start, pieces, offset)
+
+
+def _prompt_logprobs(job: Job, vocab: Vocab) -> list[Any]:
+    """vLLM ``prompt_logprobs``: per prompt token ``{id: {logprob, rank, decoded_token}}`` (and
+    the top alternatives), none for the first."""
+    seed = textgen.default_seed(job.prompt_ids) ^ 0x9E37
+    out: list[Any] = [None]
+    k = job.extras.prompt_logprobs or 0
+    for i, token_id in enumerate(job.prompt_ids[1:], 1):
+        entry = {str(token_id): {"logprob": textgen.logprob(seed, i), "rank": 1,
+                                 "decoded_token": vocab.decode([token_id])}}
+        for rank, (a, v) in enumerate(textgen.alternatives(seed, i, EOS, k + 1)[1:], 2):
+            entry.setdefault(str(vocab.id(a)), {"logprob": v, "rank": rank, "decoded_token": vocab.openai_text(a)})
+        out.append(entry)
+    return out
+
+
+def _echo_logprobs(job: Job, vocab: Vocab) -> dict[str, Any]:
+    """The prompt's part of ``logprobs`` with ``echo``: its tokens, the first without a logprob."""
+    seed = textgen.default_seed(job.prompt_ids) ^ 0x9E37
+    out: dict[str, Any] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    offset = 0
+    for i, token_id in enumerate(job.prompt_ids):
+        t = f"token_id:{token_id}" if job.extras.tokens_as_ids else vocab.decode([token_id])
+        lp = None if i == 0 else textgen.logprob(seed, i)
+        out["text_offset"].append(offset)
+        offset += len(vocab.decode([token_id]))
+        out["token_logprobs"].append(lp)
+        out["tokens"].append(t)
+        out["top_logprobs"].append(None if lp is None else {t: lp})
+    return out
+
+
+def _plain(dialect: str, job: Job) -> bool:
+    """Nothing beyond text: the pre-encoded template path."""
+    x = job.extras
+    return (x.logprobs is None and not x.token_ids and not x.echo and len(job.choices) == 1
+            and not any(c.stop for c in job.choices))
+
+
 class OpenAIStream:
     """The SSE events of one ``/v1/completions`` or ``/v1/chat/completions`` stream."""
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, n: int, finish_reason: str,
+    def __init__(self, dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
                  include_usage: bool, continuous_usage: bool, data_prefix: bytes = b"data: ") -> None:
-        self.chat, self.model, self.prompt_tokens, self.n = chat, model, prompt_tokens, n
+        self.dialect, self.chat, self.model, self.job, self.vocab = dialect, chat, model, job, vocab
+        self.prompt_tokens, self.n = job.prompt_tokens, job.max_new
         self.include_usage, self.continuous = include_usage, continuous_usage
         self.prefix = data_prefix
-        self.finish = orjson.dumps(finish_reason)
+        self.choice = job.choices[0]
+        self.final_chunk = dialect == "llamacpp"  # llama.cpp ends with a chunk of its own
+        self.finish = orjson.dumps(_openai_finish(self.choice))
         self.id = request_id("chatcmpl-" if chat else "cmpl-")
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.plain = _plain(dialect, job)
+        self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        self.logprobs = _Logprobs(dialect, job, vocab, job.seed)
+        self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
+        stop = _stop_field(dialect, self.choice, vocab)
         choice: dict[str, Any] = ({"index": 0, "delta": {"content": _HOLE}, "logprobs": None,
-                                   "finish_reason": _HOLE, "stop_reason": None} if chat else
-                                  {"index": 0, "text": _HOLE, "logprobs": None,
-                                   "finish_reason": _HOLE, "stop_reason": None})
+                                   "finish_reason": _HOLE} if chat else
+                                  {"index": 0, "text": _HOLE, "logprobs": None, "finish_reason": _HOLE})
+        if stop is not None:
+            choice[stop[0]] = None
         chunk: dict[str, Any] = {"id": self.id, "object": self.obj, "created": self.created,
                                  "model": model, "choices": [choice]}
+        if dialect == "sglang" and not continuous_usage:
+            chunk["usage"] = None
         if continuous_usage:
             chunk["usage"] = _HOLE
         self.parts = _split(chunk)
@@ -57,21 +224,26 @@ class OpenAIStream:
     def _usage(self, completion: int) -> bytes:
         return orjson.dumps(usage(self.prompt_tokens, completion))
 
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.obj, "created": self.created, "model": self.model}
+
     def open(self) -> bytes:
-        """vLLM's first chat chunk carries the role and no token."""
+        """vLLM's first chat chunk carries the role and no token (llama.cpp's a null content)."""
         if not self.chat:
             return b""
-        chunk: dict[str, Any] = {"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
-                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                              "logprobs": None, "finish_reason": None}]}
+        content = None if self.dialect == "llamacpp" else ""
+        chunk: dict[str, Any] = {**self._head(), "choices": [{"index": 0, "delta": {"role": "assistant",
+                                 "content": content}, "logprobs": None, "finish_reason": None}]}
         if self.continuous:
             chunk["usage"] = usage(self.prompt_tokens, 0)
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
 
     def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
         """Events for tokens ``start .. start+len(pieces)-1`` (one event per token)."""
+        if not self.plain:
+            return b"".join(self._rich(k, j) for k, j in enumerate(pieces, start))
         p0, p1, p2 = self.parts[0], self.parts[1], self.parts[2]
-        head, last = self.prefix + p0, self.n - 1
+        head, last = self.prefix + p0, -1 if self.final_chunk else self.n - 1
         out = []
         for k, j in enumerate(pieces, start):
             fin = self.finish if k == last else b"null"
@@ -81,72 +253,186 @@ class OpenAIStream:
                 out.append(head + PIECES_JSON[j] + p1 + fin + p2 + b"\n\n")
         return b"".join(out)
 
+    def _rich(self, k: int, j: int) -> bytes:
+        last = k == self.n - 1 and not self.final_chunk
+        piece_text = self.texts[k]
+        if k == 0 and self.job.extras.echo:
+            piece_text = self.job.extras.prompt_text + piece_text
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": piece_text}
+        else:
+            choice["text"] = piece_text
+        choice["logprobs"] = self.logprobs.of(k, [j], self.offset, self.chat)
+        self.offset += len(piece_text)
+        choice["finish_reason"] = _openai_finish(self.choice) if last else None
+        stop = _stop_field(self.dialect, self.choice, self.vocab)
+        if stop is not None:
+            choice[stop[0]] = stop[1] if last else None
+        if self.job.extras.token_ids:
+            if k == 0:
+                choice["prompt_token_ids"] = self.job.prompt_ids
+            choice["token_ids"] = [self.vocab.id(j)]
+        chunk: dict[str, Any] = {**self._head(), "choices": [choice]}
+        if self.continuous:
+            chunk["usage"] = usage(self.prompt_tokens, k + 1)
+        elif self.dialect == "sglang":
+            chunk["usage"] = None
+        return self.prefix + orjson.dumps(chunk) + b"\n\n"
+
     def close(self, generated: int) -> bytes:
-        if not self.include_usage:
+        out = b""
+        if self.final_chunk:  # llama.cpp: the finish reason (and a completion's usage) on its own
+            choice: dict[str, Any] = ({"finish_reason": _openai_finish(self.choice), "index": 0, "delta": {}}
+                                      if self.chat else {"text": "", "index": 0, "logprobs": None,
+                                                         "finish_reason": _openai_finish(self.choice)})
+            chunk: dict[str, Any] = {"choices": [choice], "created": self.created, "id": self.id,
+                                     "model": self.model, "system_fingerprint": "b6000-sim", "object": self.obj}
+            if not self.chat:
+                chunk["usage"] = usage(self.prompt_tokens, generated)
+            out += self.prefix + orjson.dumps(chunk) + b"\n\n"
+            if not self.chat or not self.include_usage:
+                return out + self.prefix + b"[DONE]\n\n"
+        elif not self.include_usage:
             return self.prefix + b"[DONE]\n\n"
-        chunk = {"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
-                 "choices": [], "usage": usage(self.prompt_tokens, generated)}
-        return self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
+        chunk = {**self._head(), "choices": [], "usage": usage(self.prompt_tokens, generated)}
+        return out + self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
 
 
-def openai_body(chat: bool, model: str, prompt_tokens: int, pieces: Sequence[int],
-                finish_reason: str) -> bytes:
-    content = text(pieces)
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": []},
-                  "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-        rid, obj = request_id("chatcmpl-"), "chat.completion"
-    else:
-        choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish_reason,
-                  "stop_reason": None}
-        rid, obj = request_id("cmpl-"), "text_completion"
+def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
+    """A whole ``/v1/completions`` or ``/v1/chat/completions`` answer, every choice."""
+    choices = []
+    for index, c in enumerate(job.choices):
+        texts = openai_texts(c, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        content = "".join(texts)
+        logprobs = _Logprobs(dialect, job, vocab, job.seed + index)
+        lp = logprobs.of(0, c.pieces, 0, chat)
+        stop = _stop_field(dialect, c, vocab)
+        if chat:
+            choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": content,
+                                                                  "tool_calls": []},
+                                      "logprobs": lp, "finish_reason": _openai_finish(c)}
+        else:
+            if job.extras.echo:
+                content = job.extras.prompt_text + content
+                if isinstance(lp, dict) and "tokens" in lp:
+                    prompt_part = _echo_logprobs(job, vocab)
+                    shift = len(job.extras.prompt_text)
+                    lp = {"text_offset": prompt_part["text_offset"] + [o + shift for o in lp["text_offset"]],
+                          "token_logprobs": prompt_part["token_logprobs"] + lp["token_logprobs"],
+                          "tokens": prompt_part["tokens"] + lp["tokens"],
+                          "top_logprobs": prompt_part["top_logprobs"] + lp["top_logprobs"]}
+            choice = {"index": index, "text": content, "logprobs": lp, "finish_reason": _openai_finish(c)}
+        if stop is not None:
+            choice[stop[0]] = stop[1]
+        if job.extras.token_ids:
+            choice["token_ids"] = [vocab.id(j) for j in c.pieces]
+        if job.extras.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs(job, vocab)
+        if job.extras.token_ids or job.extras.prompt_logprobs is not None:
+            choice["prompt_token_ids"] = job.prompt_ids
+        choices.append(choice)
+    rid, obj = (request_id("chatcmpl-"), "chat.completion") if chat else (request_id("cmpl-"), "text_completion")
     return orjson.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                         "choices": [choice], "usage": usage(prompt_tokens, len(pieces))})
+                         "choices": choices, "usage": usage(job.prompt_tokens, job.max_new)})
 
 
 class TGIStream:
     """``/generate_stream`` events: one per token; the last one carries ``generated_text``."""
 
-    LOGPROB = b"-0.1"
-
-    def __init__(self, ids: Sequence[int], prompt_tokens: int, n: int, finish_reason: str,
-                 seed: int | None, details: bool, data_prefix: bytes = b"data: ") -> None:
-        self.ids, self.prompt_tokens, self.n = ids, prompt_tokens, n
-        self.finish_reason, self.seed, self.details = finish_reason, seed, details
+    def __init__(self, job: Job, vocab: Vocab, input_length: bool = True,
+                 data_prefix: bytes = b"data: ") -> None:
+        self.job, self.vocab, self.input_length = job, vocab, input_length
+        self.choice = job.choices[0]
+        self.n = len(self.choice.pieces)
         self.prefix = data_prefix
-        self.pieces: list[int] = []
+        self.eos = orjson.dumps(_tgi_token(vocab, job.seed, 0, EOS)["text"])
 
     def open(self) -> bytes:
         return b""
 
-    def _token(self, j: int) -> bytes:
-        return b'{"id":%d,"text":%s,"logprob":%s,"special":false}' % (self.ids[j], PIECES_JSON[j], self.LOGPROB)
+    def _token(self, k: int, j: int) -> bytes:
+        special = b"true" if j == EOS else b"false"
+        return b'{"id":%d,"text":%s,"logprob":%s,"special":%s}' % (
+            self.vocab.id(j), self.eos if j == EOS else PIECES_JSON[j],
+            orjson.dumps(textgen.logprob(self.job.seed, k)), special)
 
     def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
-        self.pieces.extend(pieces)
         out = []
+        top_n = self.job.extras.top_n_tokens
         for k, j in enumerate(pieces, start):
+            top = b""
+            if top_n:
+                top = b',"top_tokens":' + orjson.dumps([_tgi_token(self.vocab, self.job.seed, k, a, v)
+                                                        for a, v in textgen.alternatives(self.job.seed, k, j, top_n)])
             if k < self.n - 1:
-                out.append(b'%s{"index":%d,"token":%s,"generated_text":null,"details":null}\n\n'
-                           % (self.prefix, k + 1, self._token(j)))
+                out.append(b'%s{"index":%d,"token":%s%s,"generated_text":null,"details":null}\n\n'
+                           % (self.prefix, k + 1, self._token(k, j), top))
             else:
-                details = orjson.dumps({"finish_reason": self.finish_reason, "generated_tokens": self.n,
-                                        "seed": self.seed, "input_length": self.prompt_tokens}) \
-                    if self.details else b"null"
-                out.append(b'%s{"index":%d,"token":%s,"generated_text":%s,"details":%s}\n\n'
-                           % (self.prefix, k + 1, self._token(j), orjson.dumps(text(self.pieces)), details))
+                details = None
+                if self.job.details:
+                    details = {"finish_reason": _tgi_finish(self.choice), "generated_tokens": self.n,
+                               "seed": self.job.reported_seed}
+                    if self.input_length:
+                        details["input_length"] = self.job.prompt_tokens
+                out.append(b'%s{"index":%d,"token":%s%s,"generated_text":%s,"details":%s}\n\n'
+                           % (self.prefix, k + 1, self._token(k, j), top,
+                              orjson.dumps(_tgi_text(self.job, self.choice)), orjson.dumps(details)))
         return b"".join(out)
 
     def close(self, generated: int) -> bytes:
         return b""  # no [DONE] on /generate_stream
 
 
-def tgi_output(ids: Sequence[int], pieces: Sequence[int], finish_reason: str, seed: int | None,
-               details: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"generated_text": text(pieces)}
-    if details:
-        out["details"] = {
-            "finish_reason": finish_reason, "generated_tokens": len(pieces), "seed": seed, "prefill": [],
-            "tokens": [{"id": ids[j], "text": PIECES[j], "logprob": -0.1, "special": False} for j in pieces],
-        }
+def _tgi_finish(choice: Choice) -> str:
+    return {"length": "length", "eos": "eos_token", "stop": "stop_sequence"}[choice.finish]
+
+
+def _tgi_text(job: Job, choice: Choice) -> str:
+    """TGI's generated text: special tokens skipped, the stop sequence kept, and the prompt
+    first with ``return_full_text``."""
+    return (job.extras.prompt_text if job.extras.return_full_text else "") + text(choice.pieces)
+
+
+def _tgi_token(vocab: Vocab, seed: int, k: int, j: int, lp: float | None = None) -> dict[str, Any]:
+    return {"id": vocab.id(j), "text": vocab.eos_text if j == EOS else PIECES[j],
+            "logprob": textgen.logprob(seed, k) if lp is None else lp, "special": j == EOS}
+
+
+def tgi_output(job: Job, vocab: Vocab) -> dict[str, Any]:
+    """A ``/generate`` answer; with ``best_of`` the sequence of highest mean logprob wins."""
+    scored = []
+    for i, c in enumerate(job.choices):
+        seed = job.seed + i
+        tokens = [_tgi_token(vocab, seed, k, j) for k, j in enumerate(c.pieces)]
+        mean = sum(t["logprob"] for t in tokens) / max(len(tokens), 1)
+        scored.append((mean, i, c, tokens, seed))
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    _, _, best, tokens, seed = scored[0]
+    out: dict[str, Any] = {"generated_text": _tgi_text(job, best)}
+    if not job.details:
+        return out
+
+    def details(c: Choice, tokens: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+        d: dict[str, Any] = {"finish_reason": _tgi_finish(c), "generated_tokens": len(c.pieces),
+                             "seed": job.reported_seed if len(job.choices) == 1 else seed,
+                             "prefill": _prefill(job, vocab) if job.extras.decoder_input_details else [],
+                             "tokens": tokens}
+        return d
+
+    out["details"] = details(best, tokens, seed)
+    if len(scored) > 1:
+        out["details"]["best_of_sequences"] = [{"generated_text": _tgi_text(job, c), **details(c, t, s)}
+                                               for _, _, c, t, s in scored[1:]]
+    if job.extras.top_n_tokens:
+        out["details"]["top_tokens"] = [
+            [_tgi_token(vocab, seed, k, a, v) for a, v in textgen.alternatives(seed, k, j, job.extras.top_n_tokens)]
+            for k, j in enumerate(best.pieces)]
     return out
+
+
+def _prefill(job: Job, vocab: Vocab) -> list[dict[str, Any]]:
+    """TGI's ``prefill``: the prompt's tokens, each with its logprob (the first has none)."""
+    seed = textgen.default_seed(job.prompt_ids) ^ 0x9E37
+    return [{"id": t, "text": vocab.decode([t]), "logprob": None if i == 0 else textgen.logprob(seed, i)}
+            for i, t in enumerate(job.prompt_ids)]

@@ -17,11 +17,14 @@ from tests.sim.conftest import FAST, state, wait_for
 def test_huggingface_hub_text_generation(replica) -> None:
     hf = InferenceClient(base_url=replica("tgi", *FAST))
     text = hf.text_generation("Hello world", max_new_tokens=5)
-    assert isinstance(text, str) and len(text.split()) == 5
-    out = hf.text_generation("Hello world", max_new_tokens=5, details=True, seed=7)
+    # POST / (the client's route): return_full_text defaults to true for a text-generation model
+    assert text.startswith("Hello world ") and len(text.split()) == 2 + 5
+    out = hf.text_generation("Hello world", max_new_tokens=5, details=True, seed=7, do_sample=True)
     d = out.details
     assert d.finish_reason == "length" and d.generated_tokens == 5 and d.seed == 7 and len(d.tokens) == 5
-    assert "".join(t.text for t in d.tokens) == out.generated_text
+    # greedy decoding (TGI's default) ignores the seed and reports none
+    assert hf.text_generation("Hello world", max_new_tokens=5, details=True, seed=7).details.seed is None
+    assert "Hello world" + "".join(t.text for t in d.tokens) == out.generated_text
     pieces = list(hf.text_generation("Hello world", max_new_tokens=4, stream=True))
     assert len(pieces) == 4
     events = list(hf.text_generation("Hello world", max_new_tokens=4, stream=True, details=True))

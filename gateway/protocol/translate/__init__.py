@@ -1,0 +1,219 @@
+"""Translation between the OpenAI and TGI dialects, chosen per request once its replica is
+picked (a pool may mix engines). Pure data code: bodies, events and errors in, bodies, events
+and errors out; the relay does the I/O. Same-dialect traffic never reaches it.
+
+- TGI client (``/generate``, ``/generate_stream``, ``POST /``) on an OpenAI-dialect engine
+  (vllm, sglang, llamacpp, openai): through its ``/v1/completions``
+  (``tgi_request.TGI_TO_OPENAI``, ``tgi_response``).
+- OpenAI ``/v1/completions`` on a TGI older than 1.4.4 (no ``/v1/completions``): through
+  ``/generate(_stream)`` (``openai_to_tgi.OPENAI_TO_TGI``). OpenAI chat on TGI uses TGI's own
+  Messages API (TGI >= 1.4.0), untranslated.
+
+``refusal`` says, at admission, whether an engine can serve a request exactly (else which
+parameter it cannot honour); ``plan`` builds the translation for the replica picked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, TypeVar
+
+import orjson
+
+from gateway.protocol.errors import Api, ApiNotServed, GatewayError, UpstreamError
+from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
+from gateway.protocol.translate.sse import malformed
+from gateway.protocol.translate.tokens import TokenTexts
+from gateway.protocol.usage import Usage
+from gateway.tokens import ModelTokenizer
+
+# TGI versions that changed what the gateway can send (/info ``version``).
+TGI_MESSAGES_API = (1, 4, 0)      # /v1/chat/completions
+TGI_COMPLETIONS_API = (1, 4, 4)   # /v1/completions
+TGI_STREAM_INPUT_LENGTH = (2, 3, 0)  # /generate_stream details.input_length
+
+
+def parse_version(version: str | None) -> tuple[int, ...] | None:
+    """``"1.4.3"`` -> (1, 4, 3); None when absent or not a version (then: the newest)."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if match is None:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    parsed = parse_version(version)
+    return parsed is None or parsed >= minimum
+
+
+class StreamReader(Protocol):
+    """What the relay's stream loop reads: bytes for the client and tokens per upstream read."""
+
+    usage: Usage
+    token_events: int
+    finished: bool
+
+    def feed(self, chunk: bytes) -> tuple[bytes, int]: ...
+
+    @property
+    def pending(self) -> bytes: ...
+
+
+@dataclass(slots=True)
+class Translation:
+    """How one request reaches a replica of the other dialect."""
+
+    path: str
+    body: bytes
+    client: Api
+    reader: Callable[[], StreamReader]
+    answer: Callable[[bytes, Mapping[str, str]], tuple[bytes, Usage]]
+
+    def response(self, content: bytes,
+                 headers: Mapping[str, str]) -> tuple[bytes, Usage, list[tuple[bytes, bytes]]]:
+        """The client's body from the engine's (2xx), its usage, headers to add."""
+        try:
+            body, usage = self.answer(content, headers)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+            raise malformed(exc) from None
+        extra = []
+        if self.client is Api.TGI:  # TGI reports its counts in headers too
+            if usage.prompt_tokens is not None:
+                extra.append((b"x-prompt-tokens", b"%d" % usage.prompt_tokens))
+            if usage.completion_tokens is not None:
+                extra.append((b"x-generated-tokens", b"%d" % usage.completion_tokens))
+        return body, usage, extra
+
+    def engine_error(self, error: UpstreamError) -> UpstreamError:
+        """An engine's error in the client's terms: TGI clients get TGI's statuses (422 for
+        a request the engine refused, 424 for a failed generation); a context-window refusal
+        stays the gateway's 400."""
+        if self.client is Api.TGI and error.code != "context_length_exceeded":
+            if 400 <= error.status < 500 and error.status != 429:
+                error.tgi_status_override = 422
+            elif error.status >= 500:
+                error.tgi_status_override = 424
+                error.tgi_type = "generation"
+        return error
+
+
+def _tgi_parameters(request: GenerationRequest) -> tgi_request.TgiParameters:
+    if request.tgi_parameters is None:
+        request.tgi_parameters = tgi_request.parse_parameters(
+            request.body, request.stream, compat=request.path == "/")
+    return request.tgi_parameters
+
+
+def refusal(request: GenerationRequest, engine: str, version: str | None,
+            has_tokenizer: bool) -> GatewayError | None:
+    """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
+    error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
+    if request.api is Api.TGI:
+        if engine == "tgi":
+            return None
+        return tgi_request.refusal(_tgi_parameters(request), engine, request.stream, has_tokenizer)
+    if engine != "tgi":
+        return None
+    if request.is_chat:
+        if _at_least(version, TGI_MESSAGES_API):
+            return None
+        return ApiNotServed(f"TGI {version} has no /v1/chat/completions (TGI's Messages API "
+                            f"came in 1.4.0)", param="messages")
+    if _at_least(version, TGI_COMPLETIONS_API):
+        return None
+    return openai_to_tgi.refusal(request.body)
+
+
+class Engine(Protocol):
+    engine: str
+    version: str | None
+
+
+E = TypeVar("E", bound=Engine)
+
+
+def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool) -> list[E]:
+    """The replicas that can serve ``request`` exactly; raises why none can."""
+    out, refused = [], None
+    for replica in replicas:
+        error = refusal(request, replica.engine, replica.version, has_tokenizer)
+        if error is None:
+            out.append(replica)
+        elif refused is None:
+            refused = error
+    if refused is not None and not out:
+        raise refused
+    return out
+
+
+def plan(request: GenerationRequest, engine: str, version: str | None, model: str,
+         tokenizer: ModelTokenizer | None, window: int | None) -> Translation | None:
+    """The translation ``request`` needs on a replica of ``engine`` (None: same dialect)."""
+    if request.api is Api.TGI and engine != "tgi":
+        return _tgi_on_openai(request, engine, model, tokenizer, window)
+    if (request.api is Api.OPENAI and engine == "tgi" and not request.is_chat
+            and not _at_least(version, TGI_COMPLETIONS_API)):
+        return _completions_on_tgi(request, version, tokenizer)
+    return None
+
+
+def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
+                   tokenizer: ModelTokenizer | None, window: int | None) -> Translation:
+    p = _tgi_parameters(request)
+    prompt_ids = None
+    if p.truncate is not None and engine != "vllm" and tokenizer is not None:
+        prompt_ids = tokenizer.encode(p.inputs)[-p.truncate:]  # TGI keeps the last tokens
+    prompt_tokens = None
+    if p.max_new_tokens is None and tokenizer is not None:
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else tokenizer.count_text(p.inputs)
+        if p.truncate is not None:
+            prompt_tokens = min(prompt_tokens, p.truncate)
+    max_tokens = tgi_request.max_tokens_for(p, window, prompt_tokens)
+    body, seed = tgi_request.openai_body(p, engine, model, request.stream, max_tokens, prompt_ids)
+    needs_texts = tokenizer is not None and (p.top_n_tokens > 0 or engine == "vllm")
+
+    def texts() -> TokenTexts | None:
+        return TokenTexts(tokenizer) if needs_texts and tokenizer is not None else None
+
+    def reader() -> StreamReader:
+        return tgi_response.TgiStream(p, engine, max_tokens, texts(), seed)
+
+    def answer(content: bytes, headers: Mapping[str, str]) -> tuple[bytes, Usage]:
+        return tgi_response.tgi_body(p, engine, _json_object(content), texts(), seed,
+                                     compat=request.path == "/")
+
+    return Translation("/v1/completions", orjson.dumps(body), Api.TGI, reader, answer)
+
+
+def _completions_on_tgi(request: GenerationRequest, version: str | None,
+                        tokenizer: ModelTokenizer | None) -> Translation:
+    body, plan_ = openai_to_tgi.tgi_body(request.body, request.stream)
+    # TGI gives the prompt count in `x-prompt-tokens` (>= 1.4.0) and, for streams, in
+    # details.input_length (>= 2.3); else the model's tokenizer counts it, if configured.
+    counted = None
+    if tokenizer is not None and not (
+            _at_least(version, TGI_STREAM_INPUT_LENGTH if request.stream else TGI_MESSAGES_API)):
+        counted = tokenizer.count_text(plan_.prompt)
+
+    def reader() -> StreamReader:
+        return openai_to_tgi.CompletionStream(plan_, counted)
+
+    def answer(content: bytes, headers: Mapping[str, str]) -> tuple[bytes, Usage]:
+        header = headers.get("x-prompt-tokens", "")
+        prompt = int(header) if header.isdigit() else counted
+        return openai_to_tgi.completion_body(plan_, _json_object(content), prompt)
+
+    path = "/generate_stream" if request.stream else "/generate"
+    return Translation(path, orjson.dumps(body), Api.OPENAI, reader, answer)
+
+
+def _json_object(content: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return {}
+    if isinstance(parsed, list) and parsed and isinstance(parsed[0], dict):
+        return parsed[0]
+    return parsed if isinstance(parsed, dict) else {}

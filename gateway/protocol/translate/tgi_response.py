@@ -1,0 +1,210 @@
+"""TGI answers rebuilt from an OpenAI engine's ``/v1/completions`` output (TGI client on a
+vLLM, SGLang, llama.cpp or OpenAI-compatible replica).
+
+Stream: one TGI token event per generated token (id, text, logprob, special; ``top_tokens``
+with ``top_n_tokens``), the last one carrying ``generated_text`` and ``details``. The engine
+says which chunk ends the generation (``finish_reason``) and, in a later chunk, its usage, so
+the last token event waits for the usage only when ``details`` need it. llama.cpp marks the
+end in a chunk of its own, after the last token: a token that may be the last (the
+``max_new_tokens``-th, or an empty one: end of sequence) waits for the next chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.protocol.translate.sse import TranslatingReader
+from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
+from gateway.protocol.translate.tokens import Token, TokenTexts, choice_tokens, mark_eos
+from gateway.protocol.usage import Usage
+
+DATA = b"data: "
+
+
+def finish_reason(choice: dict[str, Any], engine: str) -> str:
+    """OpenAI ``finish_reason`` -> TGI's: ``stop`` is ``stop_sequence`` when the engine names
+    the stop string that matched (vLLM ``stop_reason``, SGLang ``matched_stop``), else the
+    end-of-sequence token."""
+    reason = choice.get("finish_reason")
+    if reason == "length":
+        return "length"
+    matched = choice.get("stop_reason" if engine == "vllm" else "matched_stop")
+    return "stop_sequence" if isinstance(matched, str) else "eos_token"
+
+
+def _error_event(message: str, error_type: str = "generation") -> bytes:
+    return DATA + orjson.dumps({"error": message, "error_type": error_type}) + b"\n\n"
+
+
+class TgiStream(TranslatingReader):
+    """Reads an OpenAI engine's completion stream, writes TGI ``/generate_stream`` events.
+
+    The relay's stream loop drives it like its same-dialect reader: ``feed`` returns the bytes
+    for the client and the number of tokens the engine generated in that read.
+    """
+
+    def __init__(self, params: TgiParameters, engine: str, max_tokens: int,
+                 texts: TokenTexts | None, seed: int | None) -> None:
+        self.params = params
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.texts = texts
+        self.seed = seed
+        super().__init__()
+        self.index = 0         # token events written (TGI's 1-based index of the next is +1)
+        self.text: list[str] = []
+        self.held: Token | None = None  # a token that may be the last one
+        self.finish: str | None = None
+
+    def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
+        out: list[bytes] = []
+        tokens = 0
+        for payload in payloads:
+            if payload == b"[DONE]":
+                if not self.finished:
+                    out.append(self._close())
+                continue
+            chunk = orjson.loads(payload)
+            if self.finished:  # after the final event: only the usage still counts
+                self._read_usage(chunk)
+                continue
+            if "error" in chunk:  # the engine's own error event ends the stream
+                error = chunk["error"]
+                message = error.get("message") if isinstance(error, dict) else str(error)
+                out.append(_error_event(str(message)))
+                self.finished = True
+                continue
+            if "usage" in chunk:
+                self._read_usage(chunk)
+            for choice in chunk.get("choices") or ():
+                tokens += self._choice(choice, out)
+            if self.finish is not None and self.held is not None and (
+                    not self.params.details or self.usage.completion_tokens is not None):
+                out.append(self._final())
+        self.token_events += tokens
+        return b"".join(out), tokens
+
+    def _read_usage(self, chunk: dict[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+    def _choice(self, choice: dict[str, Any], out: list[bytes]) -> int:
+        self.text.append(choice.get("text") or "")
+        reason = choice.get("finish_reason")
+        tokens = choice_tokens(choice, self.engine, self.params.top_n_tokens, self.texts)
+        if reason is not None:
+            self.finish = finish_reason(choice, self.engine)
+            mark_eos(tokens, self.finish == "eos_token", self.texts)
+        for token in tokens:
+            if self.held is not None:
+                out.append(self._event(self.held))
+            self.held = token
+        if self.held is not None and self.finish is None and not self._may_be_last(self.held):
+            out.append(self._event(self.held))
+            self.held = None
+        return len(tokens)
+
+    def _may_be_last(self, token: Token) -> bool:
+        return self.index + 1 >= self.max_tokens or token.text == ""
+
+    def _event(self, token: Token, final: bytes | None = None) -> bytes:
+        self.index += 1
+        event = b'{"index":%d,"token":{"id":%d,"text":%s,"logprob":%s,"special":%s}' % (
+            self.index, token.id, orjson.dumps(token.text), orjson.dumps(token.logprob),
+            b"true" if token.special else b"false")
+        if token.top:
+            event += b',"top_tokens":' + orjson.dumps([t.tgi() for t in token.top])
+        return DATA + event + (final or b',"generated_text":null,"details":null}') + b"\n\n"
+
+    def _final(self) -> bytes:
+        token, self.held = self.held, None
+        assert token is not None and self.finish is not None
+        if self.finish == "eos_token" and self.texts is None and token.text == "":
+            token.special = True
+        text = "".join(self.text)
+        if self.params.return_full_text:
+            text = self.params.inputs + text
+        details = None
+        if self.params.details:
+            details = {"finish_reason": self.finish,
+                       "generated_tokens": self.usage.completion_tokens or self.index + 1,
+                       "seed": self.seed, "input_length": self.usage.prompt_tokens}
+        self.finished = True
+        return self._event(token, b',"generated_text":%s,"details":%s}' % (
+            orjson.dumps(text), orjson.dumps(details)))
+
+    def _close(self) -> bytes:
+        """``[DONE]``: the generation is complete (a final event still waiting goes now)."""
+        if self.held is not None and self.finish is not None:
+            return self._final()
+        self.finished = True
+        return _error_event("the engine ended the stream without marking its last token",
+                            "incomplete_generation")
+
+
+def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
+             texts: TokenTexts | None, seed: int | None, compat: bool) -> tuple[bytes, Usage]:
+    """A ``/generate`` answer (``POST /``: a list of one) from a ``/v1/completions`` body."""
+    choices = [c for c in response.get("choices") or [] if isinstance(c, dict)]
+    if not choices:
+        raise ValueError("no choice in the engine's answer")
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    counted = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    top_n = params.top_n_tokens
+    sequences = []
+    for choice in choices:
+        if texts is not None:
+            texts.ids = []
+        tokens = choice_tokens(choice, engine, top_n, texts)
+        reason = finish_reason(choice, engine)
+        mark_eos(tokens, reason == "eos_token", texts)
+        sequences.append((choice, tokens, reason))
+    if len(sequences) > 1:  # best_of: the sequence of highest mean logprob, as TGI picks
+        sequences.sort(key=lambda s: -mean_logprob([t.logprob for t in s[1]]))
+    choice, tokens, reason = sequences[0]
+    prefix = params.inputs if params.return_full_text else ""
+    out: dict[str, Any] = {"generated_text": prefix + (choice.get("text") or "")}
+    if params.details or params.decoder_input_details:
+        prefill = _prefill(choice, texts) if params.decoder_input_details else []
+
+        def details(tokens: list[Token], reason: str, generated: int,
+                    others: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            entry: dict[str, Any] = {"finish_reason": reason, "generated_tokens": generated,
+                                     "seed": seed, "prefill": prefill,
+                                     "tokens": [t.tgi() for t in tokens]}
+            if others is not None:
+                entry["best_of_sequences"] = others
+            if top_n:
+                entry["top_tokens"] = [[c.tgi() for c in t.top or []] for t in tokens]
+            return entry
+
+        others = None
+        if len(sequences) > 1:
+            others = [{"generated_text": prefix + (c.get("text") or ""), **details(t, r, len(t))}
+                      for c, t, r in sequences[1:]]
+        generated = (counted.completion_tokens if len(choices) == 1
+                     and counted.completion_tokens is not None else len(tokens))
+        out["details"] = details(tokens, reason, generated, others)
+    return orjson.dumps([out] if compat else out), counted
+
+
+def _prefill(choice: dict[str, Any], texts: TokenTexts | None) -> list[dict[str, Any]]:
+    """vLLM ``prompt_logprobs`` (+ ``prompt_token_ids``) -> TGI ``prefill``: each prompt
+    token with its logprob; the first has none."""
+    ids = choice.get("prompt_token_ids") or []
+    entries = choice.get("prompt_logprobs") or []
+    out = []
+    for i, token_id in enumerate(ids):
+        entry = entries[i] if i < len(entries) else None
+        logprob, text = None, None
+        if isinstance(entry, dict):
+            info = entry.get(str(token_id))
+            if isinstance(info, dict):
+                logprob, text = info.get("logprob"), info.get("decoded_token")
+        if text is None:
+            text = texts.one(token_id) if texts is not None else ""
+        out.append({"id": token_id, "text": text, "logprob": logprob})
+    return out

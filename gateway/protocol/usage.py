@@ -1,0 +1,11 @@
+"""Token usage of one generation, as the engine reported it (None: not reported)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
