@@ -16,6 +16,15 @@ from gateway.protocol.errors import Api, InvalidRequest
 MAX_JSON_DEPTH = 64
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: an API key's name (the only part of a key that may become a metric
+    label) and its weight in fair sharing. Set by access control when keys are on."""
+
+    name: str
+    weight: float = 1.0
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     api: Api
@@ -31,6 +40,8 @@ class GenerationRequest:
     choices: int = 1  # OpenAI ``n``: output is generated this many times
     session: str | None = None  # the client's session id (header x-session-id), for stickiness
     tgi_parameters: Any = None  # a TGI request's parsed parameters, once translation needs them
+    caller: Caller | None = None  # the API key that sent it (None: keys are off)
+    shadow: bool = False  # a canary shadow copy: its answer goes nowhere, its failures count nowhere
 
     @property
     def is_chat(self) -> bool:
