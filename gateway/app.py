@@ -17,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.api import admin, ops, openai_models, tgi_info
+from gateway.access.control import AccessControl
+from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
@@ -62,6 +63,7 @@ class Gateway:
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
         self.metrics.start_at_zero(self.models)
+        self.access = AccessControl(settings.auth)  # API keys and limits (off without `auth`)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -220,6 +222,7 @@ def create_app(settings: Settings) -> GatewayApp:
     app.include_router(tgi_info.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(admin_keys.router)
     return GatewayApp(app, endpoints)
 
 
