@@ -63,7 +63,8 @@ class Gateway:
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
         self.metrics.start_at_zero(self.models)
-        self.access = AccessControl(settings.auth)  # API keys and limits (off without `auth`)
+        # API keys and limits (off without `auth`; shared through Redis with redis_url).
+        self.access = AccessControl.from_settings(settings)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -103,6 +104,7 @@ class Gateway:
         if self.shared is not None:
             await self.shared.start(self.metrics)
             self._tasks.append(asyncio.create_task(self.shared.run(), name="shared-state"))
+        await self.access.start(self.metrics)
         if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
             self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),
                                                    name="metrics-publish"))
@@ -163,6 +165,7 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shared is not None:
             await self.shared.close()
+        await self.access.close()
         await self.session.close()
         await self.probe_session.close()
         self.metrics.close()

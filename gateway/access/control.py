@@ -9,15 +9,24 @@ unused part of the reservation at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+
+from redis.asyncio import Redis
 
 from gateway.access.errors import InvalidApiKey, ModelNotAllowed, RateLimited
 from gateway.access.keys import ApiKey, KeyRing
 from gateway.access.limits import Limiter, LocalLimiter, Outcome, ratelimit_headers
 from gateway.access.secret import bearer, hash_secret, new_secret
+from gateway.access.redis_limits import RedisLimiter
+from gateway.access.redis_store import RedisKeyStore
 from gateway.access.store import KeyConflict, KeyStore, LocalStore
-from gateway.config import AuthConfig, KeyLimits
+from gateway.config import AuthConfig, KeyLimits, Settings
+from gateway.metrics import AccessMetrics, GatewayMetrics
+from gateway.shared.keys import SharedKeys
+from gateway.balance.redis_ledger import instance_id
 from gateway.protocol.request import GenerationRequest
+from gateway.shared.sync import connect
 from gateway.protocol.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -75,6 +84,44 @@ class AccessControl:
         self.keys = KeyRing([ApiKey.from_config(k) for k in (auth.keys if auth else ())])
         self.limiter: Limiter = limiter or LocalLimiter(self.window)
         self.store: KeyStore = store or LocalStore()
+        self._tasks: list[asyncio.Task] = []
+        self._redis: Redis | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "AccessControl":
+        """Keys and limits in this process, or shared through Redis with ``redis_url``."""
+        auth = settings.auth
+        access = cls(auth)
+        if auth is None or settings.redis_url is None:
+            return access
+        # A client of its own: admissions must not queue behind the load sync's rounds.
+        access._redis = connect(settings.redis_url, settings.redis_timeout)
+        keys = SharedKeys(settings.redis_key_prefix)
+        access.limiter = RedisLimiter(access._redis, keys, auth.window,
+                                      settings.timeouts.total + 60, instance_id(),
+                                      auth.fail_closed, settings.redis_timeout)
+        access.store = RedisKeyStore(access._redis, keys, access.keys, auth.refresh_interval,
+                                     settings.redis_timeout)
+        return access
+
+    async def start(self, metrics: GatewayMetrics) -> None:
+        """Read the shared keys once (bounded), then keep them fresh in the background."""
+        if isinstance(self.limiter, RedisLimiter):
+            registry = getattr(metrics, "registry", None)  # absent when metrics are off
+            if registry is not None:
+                self.limiter.metrics = AccessMetrics(registry)
+        if isinstance(self.store, RedisKeyStore):
+            await self.store.refresh()
+            self._tasks.append(asyncio.create_task(self.store.run(), name="access-keys"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if isinstance(self.limiter, RedisLimiter):
+            await self.limiter.close()
+        if self._redis is not None:
+            await self._redis.aclose()
 
     async def create(self, name: str, models: list[str] | None, weight: float,
                      limits: KeyLimits) -> tuple[ApiKey, str]:
@@ -92,11 +139,14 @@ class AccessControl:
     async def revoke(self, name: str) -> ApiKey | None:
         """Remove an admin-created key here and in the shared store; None if unknown."""
         key = self.keys.by_name(name)
+        if key is None and isinstance(self.store, RedisKeyStore):
+            await self.store.refresh()  # created elsewhere a moment ago
+            key = self.keys.by_name(name)
         if key is not None and key.source == "config":
             raise KeyConflict(f"API key {name!r} is defined in the config file; remove it there")
         removed = await self.store.remove(name)
         key = self.keys.remove_admin(name) or key
-        if key is None and not removed:
+        if key is None or not (removed or key.source == "admin"):
             return None
         log.info("API key %r revoked", name)
         return key
