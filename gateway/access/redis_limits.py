@@ -2,7 +2,8 @@
 Redis and checked and taken in one Lua script per admission (one round trip).
 
 Settling (the unused reservation back, the concurrency slot freed) is a second script, run
-off the request path when the request ends. A concurrency slot is a lease in a sorted set,
+off the request path when the request ends; those of requests ending together share one
+pipelined round trip. A concurrency slot is a lease in a sorted set,
 scored by its expiry, so an instance that dies mid-request frees it after ``lease_ttl``.
 
 Redis unreachable: fail open (``auth.fail_closed`` false): this instance limits with its own
@@ -115,6 +116,7 @@ class RedisLimiter:
         self._ids = itertools.count()
         self._retry_at = 0.0
         self._pending: set[asyncio.Task] = set()
+        self._settlements: list[tuple[ApiKey, str, int]] = []
 
     async def acquire(self, key: ApiKey, tokens: int) -> Outcome:
         if time.monotonic() < self._retry_at:
@@ -145,17 +147,26 @@ class RedisLimiter:
         if isinstance(lease, LocalLimiter):  # taken while failing open
             lease.release(key, lease, tokens_back)
             return
-        task = asyncio.ensure_future(self._settle_now(key, str(lease), tokens_back))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._settlements.append((key, str(lease), tokens_back))
+        if len(self._settlements) == 1:  # the first since the last flush: schedule one
+            task = asyncio.ensure_future(self._flush())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
-    async def _settle_now(self, key: ApiKey, lease: str, tokens_back: int) -> None:
+    async def _flush(self) -> None:
+        """Every settlement waiting now, in one pipelined round trip (under load, many)."""
+        await asyncio.sleep(0)  # let requests ending in the same loop turn join
+        batch, self._settlements = self._settlements, []
         try:
             async with asyncio.timeout(self.timeout):
-                await self._settle(
-                    keys=[self.keys.rate_limit(key.name), self.keys.rate_limit_leases(key.name)],
-                    args=[self.window_ms, key.limits.tokens_per_minute or 0, tokens_back, lease],
-                    client=self.redis)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key, lease, back in batch:
+                        await self._settle(
+                            keys=[self.keys.rate_limit(key.name),
+                                  self.keys.rate_limit_leases(key.name)],
+                            args=[self.window_ms, key.limits.tokens_per_minute or 0, back, lease],
+                            client=pipe)
+                    await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - the bucket refills anyway; leases expire
             self._down(exc)
 
