@@ -419,3 +419,50 @@ class SharedStateMetrics:
             "llm_gateway_shared_view_in_flight_requests",
             "Fleet-wide in-flight requests of the replica as this instance's balancer sees them.",
             ("replica",), multiprocess_mode="livemostrecent", registry=registry)
+
+
+class CanaryMetrics:
+    """Canary comparison (gateway/canary): pool weights, shadow copies, output agreement.
+    Per-request series of shadow copies are the ordinary ones with ``role="shadow"``."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        r = registry or CollectorRegistry()  # metrics off: counted nowhere visible
+        self.pool_weight = Gauge("llm_gateway_pool_weight",
+                                 "Weight of the pool in its model's traffic split (configured, "
+                                 "or set at run time).", ("model", "pool"),
+                                 multiprocess_mode="livemostrecent", registry=r)
+        self.shadow_skipped = Counter("llm_gateway_shadow_skipped",
+                                      "Shadow copies not sent, by reason (in_flight_limit: "
+                                      "canary.max_shadow_in_flight reached; rejected: the "
+                                      "shadow pool could not take it).",
+                                      ("model", "pool", "reason"), registry=r)
+        self.pairs = Counter("llm_gateway_shadow_pairs",
+                             "Primary/shadow pairs whose generated texts were compared, by "
+                             "result (agreed: the same text) and greedy (temperature 0).",
+                             ("model", "pool", "greedy", "result"), registry=r)
+        self.pairs_dropped = Counter("llm_gateway_shadow_pairs_dropped",
+                                     "Primary/shadow pairs not compared, by reason.",
+                                     ("model", "pool", "reason"), registry=r)
+        self.common_prefix = Histogram("llm_gateway_shadow_common_prefix_ratio",
+                                       "Common prefix of the two texts of a compared pair, as "
+                                       "a share of the longer one (1 = identical).",
+                                       ("model", "pool"), buckets=PREFIX_RATIO_BUCKETS,
+                                       registry=r)
+
+    def weight(self, model: str, pool: str, weight: float) -> None:
+        self.pool_weight.labels(model, pool).set(weight)
+
+    def start_at_zero(self, model: str, pool: str) -> None:
+        """Series of a shadow pool that a healthy canary never increments."""
+        for reason in SHADOW_SKIP_REASONS:
+            self.shadow_skipped.labels(model, pool, reason)
+        for reason in PAIR_DROP_REASONS:
+            self.pairs_dropped.labels(model, pool, reason)
+        for greedy in ("true", "false"):
+            for result in ("agreed", "disagreed"):
+                self.pairs.labels(model, pool, greedy, result)
+
+
+PREFIX_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+SHADOW_SKIP_REASONS = ("in_flight_limit", "rejected")
+PAIR_DROP_REASONS = ("too_long", "primary_failed", "shadow_failed")

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
+from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
@@ -67,14 +68,15 @@ class HeadersTooLarge(InvalidRequest):
     reason = "headers_too_large"
 
 
-def read_headers(scope: Scope) -> tuple[str, str | None]:
-    """One pass over the headers: the request id (the client's ``x-request-id`` or a new one)
-    and the client's session (``x-session-id``); raises if the header block is too big.
+def read_headers(scope: Scope) -> tuple[str, str | None, str | None]:
+    """One pass over the headers: the request id (the client's ``x-request-id`` or a new one),
+    the client's session (``x-session-id``) and forced pool (``x-gateway-pool``); raises if
+    the header block is too big.
 
     uvicorn's httptools parser sets no limit of its own, so the check is made here, where
     the request is refused before anything is read or reserved.
     """
-    request_id = session = None
+    request_id = session = pool = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -82,9 +84,11 @@ def read_headers(scope: Scope) -> tuple[str, str | None]:
             request_id = value.decode("latin-1")
         elif key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
             session = value.decode("latin-1")
+        elif key == POOL_HEADER and value:  # too long names no pool: a 400 then
+            pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return request_id or uuid.uuid4().hex, session
+    return request_id or uuid.uuid4().hex, session, pool
 
 
 async def send_body(send: Send, status: int, body: bytes,
@@ -145,7 +149,7 @@ class GenerationEndpoint:
         gateway = self.gateway
         request: GenerationRequest | None = None
         try:
-            request_id, session = read_headers(scope)
+            request_id, session, pool = read_headers(scope)
         except HeadersTooLarge as error:
             await self._reject(send, error, None, uuid.uuid4().hex)
             return
@@ -157,7 +161,7 @@ class GenerationEndpoint:
                 async with asyncio.timeout(gateway.settings.client_body_timeout):
                     body = await read_body(receive)
                 request = self.parse(body)
-                request.session = session
+                request.session, request.pool = session, pool
                 model, admission = gateway.router.admit(request)
             except TimeoutError:
                 await self._reject(send, SlowClient(gateway.settings.client_body_timeout),
@@ -200,8 +204,9 @@ class GenerationEndpoint:
         gateway = self.gateway
         gateway.retry_budget.request()
         tried: list[Replica] = []
+        key = sticky_key(request)
         while True:
-            placement = await gateway.router.place(model, admission, exclude=tried)
+            placement = await gateway.router.place(model, admission, exclude=tried, key=key)
             if placement.queued_for:
                 gateway.metrics.queued(model.name, self.api, placement.queued_for)
             try:

@@ -21,8 +21,8 @@ key                                    type    what
                                                ejection (merged by max)
 ``{p}replica:draining``                hash    replica -> ``"1"``/``"0"`` (admin drain;
                                                persists until undrained)
-``{p}canary:sticky:{key}``             string  reserved: pool a sticky canary key went to
-                                               (SET with EX = stickiness window)
+``{p}canary:weights``                  hash    ``"<model>\t<pool>"`` -> weight set at run
+                                               time (admin API, canary guard); persists
 ``{p}ratelimit:{scope}:{id}:{window}`` string  reserved: request/token counter of one
                                                fixed window (INCRBY + EXPIRE)
 =====================================  ======  =========================================
@@ -66,9 +66,11 @@ class SharedKeys:
     def replica_draining(self) -> str:
         return f"{self.prefix}replica:draining"
 
+    @property
+    def canary_weights(self) -> str:
+        return f"{self.prefix}canary:weights"
+
     # Reserved for features not built yet; named here so the layout stays in one place.
-    def canary_sticky(self, sticky_key: str) -> str:
-        return f"{self.prefix}canary:sticky:{sticky_key}"
 
     def rate_limit(self, scope: str, identity: str, window: int) -> str:
         return f"{self.prefix}ratelimit:{scope}:{identity}:{window}"
