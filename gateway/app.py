@@ -21,6 +21,8 @@ from gateway.api import admin, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
+from gateway.canary.agreement import Agreement
+from gateway.canary.shadow import Shadows
 from gateway.canary.split import PoolSplit
 from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
@@ -65,6 +67,11 @@ class Gateway:
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(getattr(self.metrics, "registry", None))
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
+        canary = settings.canary
+        self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
+                                   canary.disagreements_kept)
+        self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
+                               self.agreement, canary.max_shadow_in_flight)
         scheduling = settings.scheduling
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
@@ -166,6 +173,7 @@ class Gateway:
         return self.active_requests
 
     async def stop(self) -> None:
+        await self.shadows.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

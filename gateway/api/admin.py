@@ -139,6 +139,15 @@ async def set_pool_weight(request: Request, model: str, pool: str,
     return _describe_pool(gateway.models[model], target)
 
 
+@router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])
+async def canary_disagreements(request: Request, model: str) -> dict[str, Any]:
+    """Shadowed pairs compared for the model, and the last ones whose outputs differ."""
+    gateway = request.app.state.gateway
+    if model not in gateway.models:
+        raise HTTPException(404, f"no model named {model!r}")
+    return gateway.agreement.report(model)
+
+
 @router.get("/runtime", dependencies=[Depends(_authorized)])
 async def runtime(request: Request) -> dict[str, Any]:
     """Process resources, for leak checks: tasks, file descriptors, requests inside."""

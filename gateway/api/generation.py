@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
+from gateway.canary import shadow
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
@@ -205,20 +206,33 @@ class GenerationEndpoint:
         gateway.retry_budget.request()
         tried: list[Replica] = []
         key = sticky_key(request)
-        while True:
-            placement = await gateway.router.place(model, admission, exclude=tried, key=key)
-            if placement.queued_for:
-                gateway.metrics.queued(model.name, self.api, placement.queued_for)
-            try:
-                return await gateway.relay.forward(request, placement, arrival, request_id)
-            except GatewayError as error:
-                tried.append(placement.replica)
-                if (error.retry_kind is None
-                        or len(tried) >= gateway.settings.retries.max_attempts
-                        or not any(r.available and r not in tried for r in admission.replicas)
-                        or not gateway.retry_budget.try_spend()):
-                    raise
-                gateway.metrics.retry(placement.replica, error.retry_kind)
+        primary_text = None  # with a shadow copy: the primary's text, for the comparison
+        try:
+            while True:
+                placement = await gateway.router.place(model, admission, exclude=tried, key=key)
+                if placement.queued_for:
+                    gateway.metrics.queued(model.name, self.api, placement.queued_for)
+                if not tried and model.name in gateway.shadows.models:  # canary: copy it
+                    primary_text = gateway.shadows.start(request, model, placement.replica.pool,
+                                                         request_id)
+                try:
+                    reply = await gateway.relay.forward(request, placement, arrival, request_id)
+                except GatewayError as error:
+                    tried.append(placement.replica)
+                    if (error.retry_kind is None
+                            or len(tried) >= gateway.settings.retries.max_attempts
+                            or not any(r.available and r not in tried for r in admission.replicas)
+                            or not gateway.retry_budget.try_spend()):
+                        raise
+                    gateway.metrics.retry(placement.replica, error.retry_kind)
+                    continue
+                if primary_text is not None:
+                    reply = shadow.primary_reply(primary_text, reply)
+                return reply
+        except BaseException:
+            if primary_text is not None:
+                shadow.primary_failed(primary_text)
+            raise
 
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
                       request_id: str) -> None:

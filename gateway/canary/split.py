@@ -86,7 +86,7 @@ class PoolSplit:
                    replicas: list[Replica]) -> list[Replica]:
         """The replicas a request may go to: its forced pool's, else those of the pools that
         take primary traffic (raises UnknownPool)."""
-        forced = request.pool if self.allow_header else None
+        forced = request.pool if self.allow_header or request.shadow else None
         if forced is not None:
             pool = next((p for p in model.pools if p.name == forced), None)
             if pool is None:
