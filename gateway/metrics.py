@@ -434,8 +434,9 @@ class CanaryMetrics:
                                  multiprocess_mode="livemostrecent", registry=r)
         self.shadow_skipped = Counter("llm_gateway_shadow_skipped",
                                       "Shadow copies not sent, by reason (in_flight_limit: "
-                                      "canary.max_shadow_in_flight reached; rejected: the "
-                                      "shadow pool could not take it).",
+                                      "canary.max_shadow_in_flight reached; no_slot: every "
+                                      "replica of the shadow pool at its in-flight limit; "
+                                      "rejected: no replica of the shadow pool can take it).",
                                       ("model", "pool", "reason"), registry=r)
         self.pairs = Counter("llm_gateway_shadow_pairs",
                              "Primary/shadow pairs whose generated texts were compared, by "
@@ -465,5 +466,5 @@ class CanaryMetrics:
 
 
 PREFIX_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
-SHADOW_SKIP_REASONS = ("in_flight_limit", "rejected")
+SHADOW_SKIP_REASONS = ("in_flight_limit", "no_slot", "rejected")
 PAIR_DROP_REASONS = ("too_long", "primary_failed", "shadow_failed")

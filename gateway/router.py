@@ -71,13 +71,16 @@ class Router:
         return model, admit(model, request, speakers)
 
     async def place(self, model: ServedModel, admission: Admission,
-                    exclude: Collection[Replica] = (), key: str | None = None) -> Placement:
+                    exclude: Collection[Replica] = (), key: str | None = None,
+                    wait: bool = True) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
         model's bounded FIFO queue; a full queue or a wait past ``queue_timeout`` is a 429.
         ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
-        a client in one pool (``gateway.canary.split``).
+        a client in one pool (``gateway.canary.split``). Without ``wait`` a request that
+        finds no free slot is refused at once instead of queueing (shadow copies: they must
+        never hold a place in the clients' queue).
         """
         loop = asyncio.get_running_loop()
         started = deadline = 0.0
@@ -92,6 +95,9 @@ class Router:
                 if started:
                     placement.queued_for = loop.time() - started
                 return placement
+            if not wait:
+                raise Overloaded(f"every replica of model `{model.name}` that can take this "
+                                 f"request is at its in-flight limit")
             if not started:
                 started = loop.time()
                 deadline = started + self.backpressure.queue_timeout

@@ -3,7 +3,8 @@ primary's (``shadow_of``), fire and forget.
 
 The copy starts once the primary is placed, in a task of its own that the client's path never
 awaits, so the client only ever sees (and waits for) the primary. At most
-``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted.
+``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted,
+as is a copy whose pool has no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
 request, labelled ``role="shadow"``; it is never retried, and its failures neither eject
 nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from gateway.canary.agreement import Agreement, Pair, TextCollector
 from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
-from gateway.protocol.errors import GatewayError
+from gateway.protocol.errors import GatewayError, Overloaded
 from gateway.protocol.request import GenerationRequest
 from gateway.relay import Reply
 
@@ -94,9 +95,11 @@ class Shadows:
             arrival = time.perf_counter()
             try:
                 model, admission = self.router.admit(request)
-                placement = await self.router.place(model, admission)
+                # Never queued: a copy waiting for a slot would take a client's place.
+                placement = await self.router.place(model, admission, wait=False)
             except GatewayError as error:
-                self.metrics.shadow_skipped.labels(pair.model, pair.pool, "rejected").inc()
+                reason = "no_slot" if isinstance(error, Overloaded) else "rejected"
+                self.metrics.shadow_skipped.labels(pair.model, pair.pool, reason).inc()
                 log.debug("shadow copy to %s not sent: %s", pair.pool, error.message)
                 return
             try:
