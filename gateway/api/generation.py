@@ -206,33 +206,27 @@ class GenerationEndpoint:
         gateway.retry_budget.request()
         tried: list[Replica] = []
         key = sticky_key(request)
-        primary_text = None  # with a shadow copy: the primary's text, for the comparison
-        try:
-            while True:
-                placement = await gateway.router.place(model, admission, exclude=tried, key=key)
-                if placement.queued_for:
-                    gateway.metrics.queued(model.name, self.api, placement.queued_for)
-                if not tried and model.name in gateway.shadows.models:  # canary: copy it
-                    primary_text = gateway.shadows.start(request, model, placement.replica.pool,
-                                                         request_id)
-                try:
-                    reply = await gateway.relay.forward(request, placement, arrival, request_id)
-                except GatewayError as error:
-                    tried.append(placement.replica)
-                    if (error.retry_kind is None
-                            or len(tried) >= gateway.settings.retries.max_attempts
-                            or not any(r.available and r not in tried for r in admission.replicas)
-                            or not gateway.retry_budget.try_spend()):
-                        raise
-                    gateway.metrics.retry(placement.replica, error.retry_kind)
-                    continue
+        while True:
+            placement = await gateway.router.place(model, admission, exclude=tried, key=key)
+            if placement.queued_for:
+                gateway.metrics.queued(model.name, self.api, placement.queued_for)
+            try:
+                reply = await gateway.relay.forward(request, placement, arrival, request_id)
+            except GatewayError as error:
+                tried.append(placement.replica)
+                if (error.retry_kind is None
+                        or len(tried) >= gateway.settings.retries.max_attempts
+                        or not any(r.available and r not in tried for r in admission.replicas)
+                        or not gateway.retry_budget.try_spend()):
+                    raise
+                gateway.metrics.retry(placement.replica, error.retry_kind)
+                continue
+            if model.name in gateway.shadows.models:  # canary: copy it, now that it answers
+                primary_text = gateway.shadows.start(request, model, placement.replica.pool,
+                                                     request_id)
                 if primary_text is not None:
                     reply = shadow.primary_reply(primary_text, reply)
-                return reply
-        except BaseException:
-            if primary_text is not None:
-                shadow.primary_failed(primary_text)
-            raise
+            return reply
 
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
                       request_id: str) -> None:

@@ -1,8 +1,10 @@
 """Shadow traffic: a sampled copy of a primary request also goes to a pool that shadows the
 primary's (``shadow_of``), fire and forget.
 
-The copy starts once the primary is placed, in a task of its own that the client's path never
-awaits, so the client only ever sees (and waits for) the primary. At most
+The copy starts once the primary is placed and answering (its first token is read, or its
+whole body), in a task of its own that the client's path never awaits: the client only ever
+sees (and waits for) the primary, and the copy's admission (tokenizing, chat template) and
+connection set-up never land inside the primary's time to first token. At most
 ``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted,
 as is a copy whose pool has no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
