@@ -163,6 +163,18 @@ def test_disagreements_endpoint_errors(shadowed) -> None:
                      headers=AUTH).status_code == 404
 
 
+def test_shadow_pool_has_no_weight_and_can_be_forced(shadowed) -> None:
+    put = httpx.put(f"{shadowed}/admin/models/{MODEL}/pools/same", json={"weight": 5},
+                    headers=AUTH)
+    assert put.status_code == 409 and "no primary traffic" in put.text
+    pools = httpx.get(f"{shadowed}/admin/models", headers=AUTH).json()["models"][0]["pools"]
+    assert {p["pool"]: (p["weight"], p["shadow_of"]) for p in pools} == {
+        "stable": (100.0, None), "same": (0.0, "stable"), "other": (0.0, "stable")}
+    forced = httpx.post(shadowed + "/v1/completions", headers={"x-gateway-pool": "other"},
+                        json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert forced.status_code == 200 and forced.headers["x-gateway-pool"] == "other"
+
+
 def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with sim("vllm", MODEL, 4096, *PACED) as stable, \

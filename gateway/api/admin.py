@@ -133,6 +133,8 @@ async def set_pool_weight(request: Request, model: str, pool: str,
         target = gateway.weights.set_weight(model, pool, new.weight)
     except KeyError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
     with contextlib.suppress(Exception):  # Redis away: published by the next sync round
         async with asyncio.timeout(gateway.settings.redis_timeout):
             await gateway.weights.sync()

@@ -60,6 +60,9 @@ class PoolWeights:
         if not weight >= 0 or weight == float("inf"):
             raise ValueError(f"weight must be a finite number >= 0, got {weight}")
         target = self.pool(model, pool)
+        if target.shadow_of is not None:
+            raise ValueError(f"pool {pool!r} shadows {target.shadow_of!r}: it takes no primary "
+                             "traffic, so it has no weight")
         self._apply(model, target, weight)
         if self.redis is not None:
             self._pending[(model, pool)] = weight
@@ -94,7 +97,7 @@ class PoolWeights:
                 target, weight = self.pool(model, pool), float(value)
             except (KeyError, ValueError):
                 continue  # another configuration's pool, or junk: not ours to judge
-            if weight >= 0 and target.weight != weight:
+            if weight >= 0 and target.weight != weight and target.shadow_of is None:
                 self._apply(model, target, weight)
 
     async def run(self) -> None:

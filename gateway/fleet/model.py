@@ -50,8 +50,10 @@ def build_model(config: ModelConfig) -> ServedModel:
             replicas.append(Replica(name=name, url=url, engine=replica_config.engine,
                                     model=config.name, pool=pool_config.name,
                                     max_model_len=replica_config.max_model_len))
-        pools.append(Pool(pool_config.name, pool_config.weight, replicas,
-                          pool_config.shadow_of, pool_config.sample))
+        # A shadow pool takes no primary traffic: its weight is 0, whatever the config says.
+        weight = 0.0 if pool_config.shadow_of else pool_config.weight
+        pools.append(Pool(pool_config.name, weight, replicas, pool_config.shadow_of,
+                          pool_config.sample))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens)
