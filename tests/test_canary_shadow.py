@@ -179,16 +179,20 @@ def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with sim("vllm", MODEL, 4096, *PACED) as stable, \
             sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "1500",
-                "--itl-ms", "50") as slow:
+                "--itl-ms", "50") as slow, \
+            sim("vllm", MODEL, 4096, *PACED, "--error-rate", "1.0") as failing:
         config = {"models": [{"name": MODEL, "pools": [
             {"name": "stable", "replicas": [{"url": stable, "name": "stable-1"}]},
             {"name": "down", "shadow_of": "stable", "sample": 1.0,
              "replicas": [{"url": dead, "name": "down-1"}]},
+            # Answers every request with a 500: copies fail, but never eject it.
+            {"name": "failing", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": failing, "name": "failing-1"}]},
             {"name": "slow", "shadow_of": "stable", "sample": 1.0,
              "replicas": [{"url": slow, "name": "slow-1"}]}]}],
             "health": {"interval": 0.5}, "admin_token": TOKEN,
             "outlier": {"consecutive_failures": 1},
-            "canary": {"max_shadow_in_flight": 3}}
+            "canary": {"max_shadow_in_flight": 4}}
         with gateway_server(tmp_path, config) as (url, _):
             before = engine_successes(stable)
             oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -206,12 +210,20 @@ def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_
             assert series(url, "llm_gateway_retries_total") == 0
             assert series(url, "llm_gateway_rejections_total") == 0
             replicas = httpx.get(url + "/admin/replicas", headers=AUTH).json()["replicas"]
-            assert {r["name"]: r["state"] for r in replicas}["stable-1"] == "healthy"
+            states = {r["name"]: r["state"] for r in replicas}
+            assert states["stable-1"] == "healthy"
+            # Shadow failures eject nothing (outlier.consecutive_failures is 1 here) and are
+            # the shadow's own: 5xx under role="shadow", never retried.
+            assert states["failing-1"] == "healthy"
+            assert series(url, "llm_gateway_requests_total", pool="failing", role="shadow",
+                          status="5xx") > 0
             # The shadows: the slow pool held the in-flight limit, so copies were skipped.
             assert series(url, "llm_gateway_shadow_skipped_total", reason="in_flight_limit") > 0
             wait_for(lambda: not any(ledger(url).values()), timeout=30)
             pools = report(url)["pools"]
             assert pools["down"]["compared"] == 0 and pools["down"]["dropped"]["shadow_failed"] > 0
+            assert pools["failing"]["compared"] == 0
+            assert pools["failing"]["dropped"]["shadow_failed"] > 0
 
 
 def test_text_collector_reads_every_shape() -> None:
