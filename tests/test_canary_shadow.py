@@ -256,3 +256,26 @@ def test_greedy_rule() -> None:
     assert is_greedy(_req(Api.TGI, {"parameters": {"max_new_tokens": 3}}))
     assert not is_greedy(_req(Api.TGI, {"parameters": {"do_sample": True}}))
     assert not is_greedy(_req(Api.TGI, {"parameters": {"temperature": 0.5}}))
+
+
+def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
+    """The session's requests keep their stable replica: the balancer never records a copy's
+    shadow replica as the session's last one."""
+    config = {"models": [{"name": MODEL, "pools": [
+        {"name": "stable", "replicas": [{"url": engines["stable"], "name": "stable-a"},
+                                        {"url": engines["same"], "name": "stable-b"}]},
+        {"name": "copy", "shadow_of": "stable", "sample": 1.0,
+         "replicas": [{"url": engines["other"], "name": "copy-1"}]}]}],
+        "health": {"interval": 0.5}, "admin_token": TOKEN}
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        for session in ("s-1", "s-2"):
+            served = set()
+            for i in range(10):
+                response = client.post(url + "/v1/completions", headers={"x-session-id": session},
+                                       json={"model": MODEL, "prompt": f"{i} {session} question",
+                                             "max_tokens": 2})
+                assert response.status_code == 200
+                served.add(response.headers["x-gateway-replica"])
+                time.sleep(0.05)  # the copy has been placed by now
+            assert len(served) == 1, (session, served)
+        wait_for(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20)

@@ -97,6 +97,9 @@ class Shadows:
             arrival = time.perf_counter()
             try:
                 model, admission = self.router.admit(request)
+                # No session: the balancer would remember the shadow replica as the session's
+                # last one, and the session's next request would lose its replica affinity.
+                admission.cost.session = None
                 # Never queued: a copy waiting for a slot would take a client's place.
                 placement = await self.router.place(model, admission, wait=False)
             except GatewayError as error:
