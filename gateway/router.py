@@ -13,7 +13,7 @@ from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.policy import Policy
 from gateway.canary.split import PoolSplit
 from gateway.config import BackpressureConfig
-from gateway.fleet.model import Pool, ServedModel
+from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, ModelNotFound, NoReplicaAvailable, Overloaded
 from gateway.protocol.request import GenerationRequest

@@ -4,11 +4,9 @@ of simulated replicas."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import re
 import time
-from pathlib import Path
 from typing import Iterator
 
 import httpx
