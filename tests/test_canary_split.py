@@ -165,10 +165,15 @@ def test_thousand_sessions_split_90_10_through_the_gateway(two_gateways) -> None
 def test_key_stays_in_its_pool_over_requests_and_instances(two_gateways) -> None:
     a, b = two_gateways
     keys = [f"sticky-{i}" for i in range(40)]
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+               for url in (a, b)]
     with httpx.Client(timeout=10) as client:
         for key in keys:
             seen = {_pool_of(client, (a, b)[i % 2], {"x-session-id": key}) for i in range(10)}
-            seen |= {_pool_of(client, (a, b)[i % 2], body={"user": key}) for i in range(2)}
+            for oai in clients:  # the OpenAI `user` field, from the real client
+                raw = oai.completions.with_raw_response.create(model=MODEL, prompt="hi",
+                                                               max_tokens=1, user=key)
+                seen.add(raw.headers["x-gateway-pool"])
             assert len(seen) == 1, (key, seen)
         homes = {_pool_of(client, a, {"x-session-id": key}) for key in keys}
     assert homes == {"stable", "canary"}  # both pools hold some of the 40 keys
