@@ -22,6 +22,10 @@ from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
+from gateway.canary.agreement import Agreement
+from gateway.canary.shadow import Shadows
+from gateway.canary.split import PoolSplit
+from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
@@ -30,13 +34,14 @@ from gateway.fleet.health import HealthChecker
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
-from gateway.metrics import make_metrics
+from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
 from gateway.relay import Relay
 from gateway.retry_budget import RetryBudget
 from gateway.router import Router
+from gateway.shared.keys import SharedKeys
 from gateway.shared.sync import SharedStateSync
 
 log = logging.getLogger("gateway")
@@ -57,8 +62,17 @@ class Gateway:
         self.ledger = ledger or (self.shared.ledger if self.shared else InProcessLedger())
         self.router = Router(self.models, settings.default_model,
                              make_policy(settings.balancer, settings.scheduling),
-                             self.ledger, settings.backpressure)
+                             self.ledger, settings.backpressure,
+                             split=PoolSplit(settings.canary.allow_pool_header))
         self.metrics = make_metrics(settings.metrics)
+        # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
+        self.canary_metrics = CanaryMetrics(getattr(self.metrics, "registry", None))
+        self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
+        canary = settings.canary
+        self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
+                                   canary.disagreements_kept)
+        self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
+                               self.agreement, canary.max_shadow_in_flight)
         scheduling = settings.scheduling
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
@@ -104,6 +118,9 @@ class Gateway:
         if self.shared is not None:
             await self.shared.start(self.metrics)
             self._tasks.append(asyncio.create_task(self.shared.run(), name="shared-state"))
+            self.weights.share(self.shared.redis, SharedKeys(self.settings.redis_key_prefix),
+                               self.settings.canary.weights_sync_interval)
+            self._tasks.append(asyncio.create_task(self.weights.run(), name="pool-weights"))
         await self.access.start(self.metrics)
         if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
             self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),
@@ -160,6 +177,7 @@ class Gateway:
         return self.active_requests
 
     async def stop(self) -> None:
+        await self.shadows.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

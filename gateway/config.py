@@ -65,8 +65,13 @@ class ReplicaConfig(_Strict):
 
 class PoolConfig(_Strict):
     name: str = "default"
-    weight: float = Field(100.0, ge=0)
+    weight: float = Field(100.0, ge=0, description="share of the model's primary traffic; "
+                          "ignored for a shadow pool")
     replicas: list[ReplicaConfig] = Field(min_length=1)
+    shadow_of: str | None = Field(None, description="canary: this pool gets a copy of a sample "
+                                  "of that pool's requests, and no primary traffic")
+    sample: float = Field(0.1, ge=0, le=1, description="with shadow_of: share of the requests "
+                          "copied")
 
 
 class ModelConfig(_Strict):
@@ -87,6 +92,16 @@ class ModelConfig(_Strict):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
+        shadows = {p.name: p.shadow_of for p in self.pools if p.shadow_of is not None}
+        for pool, target in shadows.items():
+            if target not in names or target == pool:
+                raise ValueError(f"pool {pool!r}: shadow_of {target!r} is not another pool "
+                                 f"of the model ({names})")
+            if target in shadows:
+                raise ValueError(f"pool {pool!r}: shadow_of {target!r}, itself a shadow pool "
+                                 "(no chains)")
+        if len(shadows) == len(names):
+            raise ValueError("every pool is a shadow pool: one must take primary traffic")
         return self
 
 
@@ -154,6 +169,21 @@ class SchedulingConfig(_Strict):
     signals_timeout: float = Field(0.5, gt=0, description="seconds per scrape")
     signals_max_age: float = Field(3.0, gt=0, description="scrape intervals after which "
                                    "signals are stale and ignored")
+
+
+class CanaryConfig(_Strict):
+    """Canary comparison between pools (README "Canary")."""
+
+    allow_pool_header: bool = Field(True, description="x-gateway-pool: NAME forces a pool "
+                                    "(testers); false = the header is ignored")
+    max_shadow_in_flight: int = Field(64, ge=0, description="shadow copies in flight per "
+                                      "instance; past it a copy is skipped (and counted)")
+    agreement_max_chars: int = Field(65536, ge=1, description="generated text kept per side "
+                                     "of a shadowed pair; a longer pair is dropped (counted)")
+    disagreements_kept: int = Field(50, ge=0, description="disagreeing pairs kept per model "
+                                    "for GET /admin/canary/{model}/disagreements")
+    weights_sync_interval: float = Field(1.0, gt=0, description="with redis_url: seconds "
+                                         "between reads of the shared pool weights")
 
 
 def parse_nameserver(text: str) -> tuple[str, int]:
@@ -277,6 +307,7 @@ class Settings(BaseSettings):
     dns: DnsConfig = DnsConfig()
     auth: AuthConfig | None = Field(None, description="API keys and per-key limits; unset = "
                                     "open, as without keys")
+    canary: CanaryConfig = CanaryConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -54,7 +54,8 @@ TOKENS_PER_SECOND_BUCKETS = (1, 5, 10, 20, 30, 40, 50, 60, 75, 100, 150, 200, 30
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025,
                     0.05, 0.1, 0.25, 0.5, 1.0)
 
-REPLICA_LABELS = ("model", "pool", "replica", "engine", "api")
+# role: "primary", or "shadow" for a canary's copy of a request (gateway/canary/shadow.py).
+REPLICA_LABELS = ("model", "pool", "replica", "engine", "api", "role")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 # Started at 0 (with the label values from configuration); see the module docstring.
@@ -212,7 +213,7 @@ class GatewayMetrics:
                                "Requests sent again to another replica, by the failed replica "
                                "and the kind of failure.",
                                ("model", "pool", "replica", "engine", "kind"), registry=r)
-        self._bound: dict[tuple[str, Api], RequestMetrics] = {}
+        self._bound: dict[tuple[str, Api, str], RequestMetrics] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
         self._replicas: Callable[[], Iterable[Replica]] = lambda: ()
@@ -224,11 +225,11 @@ class GatewayMetrics:
         else:
             self._exposed = self.registry
 
-    def for_replica(self, replica: Replica, api: Api) -> RequestMetrics:
-        bound = self._bound.get((replica.name, api))
+    def for_replica(self, replica: Replica, api: Api, role: str = "primary") -> RequestMetrics:
+        bound = self._bound.get((replica.name, api, role))
         if bound is None:
-            labels = (replica.model, replica.pool, replica.name, replica.engine, api.value)
-            bound = self._bound[(replica.name, api)] = RequestMetrics(
+            labels = (replica.model, replica.pool, replica.name, replica.engine, api.value, role)
+            bound = self._bound[(replica.name, api, role)] = RequestMetrics(
                 ttft=self.ttft.labels(*labels), itl=self.itl.labels(*labels),
                 e2e=self.e2e.labels(*labels),
                 tokens_per_second=self.tokens_per_second.labels(*labels),
@@ -343,7 +344,7 @@ class NullMetrics(GatewayMetrics):
         self._null = RequestMetrics(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
                                     {c: _NULL for c in STATUS_CLASSES})
 
-    def for_replica(self, replica: Replica, api: Api) -> RequestMetrics:
+    def for_replica(self, replica: Replica, api: Api, role: str = "primary") -> RequestMetrics:
         return self._null
 
     def reject(self, model: str, api: Api, reason: str) -> None:
@@ -433,3 +434,51 @@ class AccessMetrics:
         self.shared_failures = Counter("llm_gateway_access_limits_shared_failures",
                                        "Admissions or settlements of API key limits that Redis "
                                        "did not answer.", registry=registry)
+
+
+class CanaryMetrics:
+    """Canary comparison (gateway/canary): pool weights, shadow copies, output agreement.
+    Per-request series of shadow copies are the ordinary ones with ``role="shadow"``."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        r = registry or CollectorRegistry()  # metrics off: counted nowhere visible
+        self.pool_weight = Gauge("llm_gateway_pool_weight",
+                                 "Weight of the pool in its model's traffic split (configured, "
+                                 "or set at run time).", ("model", "pool"),
+                                 multiprocess_mode="livemostrecent", registry=r)
+        self.shadow_skipped = Counter("llm_gateway_shadow_skipped",
+                                      "Shadow copies not sent, by reason (in_flight_limit: "
+                                      "canary.max_shadow_in_flight reached; no_slot: every "
+                                      "replica of the shadow pool at its in-flight limit; "
+                                      "rejected: no replica of the shadow pool can take it).",
+                                      ("model", "pool", "reason"), registry=r)
+        self.pairs = Counter("llm_gateway_shadow_pairs",
+                             "Primary/shadow pairs whose generated texts were compared, by "
+                             "result (agreed: the same text) and greedy (temperature 0).",
+                             ("model", "pool", "greedy", "result"), registry=r)
+        self.pairs_dropped = Counter("llm_gateway_shadow_pairs_dropped",
+                                     "Primary/shadow pairs not compared, by reason.",
+                                     ("model", "pool", "reason"), registry=r)
+        self.common_prefix = Histogram("llm_gateway_shadow_common_prefix_ratio",
+                                       "Common prefix of the two texts of a compared pair, as "
+                                       "a share of the longer one (1 = identical).",
+                                       ("model", "pool"), buckets=PREFIX_RATIO_BUCKETS,
+                                       registry=r)
+
+    def weight(self, model: str, pool: str, weight: float) -> None:
+        self.pool_weight.labels(model, pool).set(weight)
+
+    def start_at_zero(self, model: str, pool: str) -> None:
+        """Series of a shadow pool that a healthy canary never increments."""
+        for reason in SHADOW_SKIP_REASONS:
+            self.shadow_skipped.labels(model, pool, reason)
+        for reason in PAIR_DROP_REASONS:
+            self.pairs_dropped.labels(model, pool, reason)
+        for greedy in ("true", "false"):
+            for result in ("agreed", "disagreed"):
+                self.pairs.labels(model, pool, greedy, result)
+
+
+PREFIX_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+SHADOW_SKIP_REASONS = ("in_flight_limit", "no_slot", "rejected")
+PAIR_DROP_REASONS = ("too_long", "primary_failed", "shadow_failed")

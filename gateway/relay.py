@@ -105,7 +105,8 @@ class Relay:
         """Send to the replica. Raises GatewayError (lease released) if nothing can be sent
         to the client; its ``retry_kind`` is set when another replica may be tried."""
         replica = placement.replica
-        meter = self.metrics.for_replica(replica, request.api)
+        meter = self.metrics.for_replica(replica, request.api,
+                                         "shadow" if request.shadow else "primary")
         response: aiohttp.ClientResponse | None = None
         content = b""
         try:
@@ -130,12 +131,12 @@ class Relay:
                         content = await response.read()
             except TimeoutError:
                 self.metrics.upstream_error(replica, "timeout")
-                self._failed(replica)
+                self._failed(replica, request)
                 raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
             except aiohttp.ClientError as exc:
                 kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "transport"
                 self.metrics.upstream_error(replica, kind)
-                self._failed(replica)
+                self._failed(replica, request)
                 error = UpstreamUnavailable(f"replica {replica.name} failed: "
                                             f"{type(exc).__name__}: {exc}")
                 error.retry_kind = kind
@@ -149,7 +150,7 @@ class Relay:
                     error.retry_kind = "http_429"  # busy, not broken: no outlier failure
                 elif response.status >= 500:
                     error.retry_kind = "http_5xx"
-                    self._failed(replica)
+                    self._failed(replica, request)
                 raise error
         except BaseException as exc:  # including the client leaving (CancelledError)
             placement.lease.close()
@@ -169,12 +170,14 @@ class Relay:
         reply.first = await reply.stream.__anext__()  # raises (retryable) if it fails first
         return reply
 
-    def _failed(self, replica: Replica) -> None:
-        if self.outlier is not None:
+    # A shadow copy (canary) never ejects a replica nor clears its failures: its outcome
+    # must not change how the primary traffic is served.
+    def _failed(self, replica: Replica, request: GenerationRequest) -> None:
+        if self.outlier is not None and not request.shadow:
             self.outlier.failure(replica)
 
-    def _succeeded(self, replica: Replica) -> None:
-        if self.outlier is not None:
+    def _succeeded(self, replica: Replica, request: GenerationRequest) -> None:
+        if self.outlier is not None and not request.shadow:
             self.outlier.success(replica)
 
     @staticmethod
@@ -197,13 +200,13 @@ class Relay:
                 body, usage, extra = translation.response(body, response.headers)
             except GatewayError as error:  # an answer that cannot be translated: a broken one
                 self.metrics.upstream_error(placement.replica, "bad_response")
-                self._failed(placement.replica)
+                self._failed(placement.replica, request)
                 meter.requests[status_class(error.status)].inc()
                 raise
-            self._succeeded(placement.replica)
+            self._succeeded(placement.replica, request)
             self._account(meter, usage, arrival, None, None, status=response.status)
             return Reply(response.status, headers + extra, body=body, usage=usage)
-        self._succeeded(placement.replica)
+        self._succeeded(placement.replica, request)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
         except orjson.JSONDecodeError:
@@ -306,9 +309,9 @@ class Relay:
             deadline.cancel()
             lease.close()
             if status >= 500:
-                self._failed(placement.replica)
+                self._failed(placement.replica, request)
             elif first_at is not None:
-                self._succeeded(placement.replica)
+                self._succeeded(placement.replica, request)
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
             reply.usage = reader.usage

@@ -11,8 +11,9 @@ from typing import Collection
 
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.policy import Policy
+from gateway.canary.split import PoolSplit
 from gateway.config import BackpressureConfig
-from gateway.fleet.model import Pool, ServedModel
+from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, ModelNotFound, NoReplicaAvailable, Overloaded
 from gateway.protocol.request import GenerationRequest
@@ -39,13 +40,14 @@ class Router:
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
                  policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, split: PoolSplit | None = None) -> None:
         self.models = models
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.policy = policy
         self.ledger = ledger
         self.backpressure = backpressure
         self.rng = rng or random.Random()
+        self.split = split or PoolSplit(rng=self.rng)
         self._waiters: dict[str, deque[asyncio.Future[None]]] = {}  # per model, FIFO
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
@@ -64,15 +66,21 @@ class Router:
         model = self.model_for(request.model, request.api)
         # Natively or translated; a replica that cannot honour every parameter is left out.
         speakers = servable(request, model.replicas, model.tokenizer is not None)
+        # The pool: forced by the client, else any that takes primary traffic (canary split).
+        speakers = self.split.candidates(model, request, speakers)
         return model, admit(model, request, speakers)
 
     async def place(self, model: ServedModel, admission: Admission,
-                    exclude: Collection[Replica] = ()) -> Placement:
+                    exclude: Collection[Replica] = (), key: str | None = None,
+                    wait: bool = True) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
         model's bounded FIFO queue; a full queue or a wait past ``queue_timeout`` is a 429.
-        ``exclude`` holds replicas already tried by this request (retries).
+        ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
+        a client in one pool (``gateway.canary.split``). Without ``wait`` a request that
+        finds no free slot is refused at once instead of queueing (shadow copies: they must
+        never hold a place in the clients' queue).
         """
         loop = asyncio.get_running_loop()
         started = deadline = 0.0
@@ -83,17 +91,21 @@ class Router:
                                          f"take this request now")
             free = {id(r) for r in available if self._has_slot(r)}
             if free:
-                placement = self._reserve(model, admission, free)
+                placement = self._reserve(model, admission, free, key)
                 if started:
                     placement.queued_for = loop.time() - started
                 return placement
+            if not wait:
+                raise Overloaded(f"every replica of model `{model.name}` that can take this "
+                                 f"request is at its in-flight limit")
             if not started:
                 started = loop.time()
                 deadline = started + self.backpressure.queue_timeout
             await self._wait_for_slot(model.name, deadline)
 
-    def _reserve(self, model: ServedModel, admission: Admission, free: set[int]) -> Placement:
-        pool = self._pick_pool(model.pools, free)
+    def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
+                 key: str | None = None) -> Placement:
+        pool = self.split.pick(model.pools, free, key)
         assert pool is not None  # ``free`` is not empty
         candidates = [r for r in pool.replicas if id(r) in free]
         replica = self.policy.select(candidates, admission.cost, self.ledger)
@@ -143,13 +155,3 @@ class Router:
 
     def queued(self, model: str) -> int:
         return len(self._waiters.get(model, ()))
-
-    def _pick_pool(self, pools: list[Pool], eligible: set[int]) -> Pool | None:
-        """A pool with an eligible replica, drawn by weight (canary splits)."""
-        usable = [p for p in pools if any(id(r) in eligible for r in p.replicas)]
-        if len(usable) <= 1:
-            return usable[0] if usable else None
-        weights = [p.weight for p in usable]
-        if sum(weights) <= 0:
-            return self.rng.choice(usable)
-        return self.rng.choices(usable, weights)[0]

@@ -327,7 +327,7 @@ def test_the_suite_runs_end_to_end_and_writes_json_and_markdown(tmp_path: Path) 
     for r in result["overhead"].values():
         assert r["direct"]["requests"] > 0 and r["gateway"]["requests"] > 0
         assert r["direct"]["errors"] == r["gateway"]["errors"] == 0
-        assert r["gateway"]["gateway_cpu_us_per_request"] > 0
+        assert r["gateway"]["router_cpu_us_per_request"] > 0
     policies = result["balancing"]["policies"]
     assert set(policies) == {"least_outstanding_tokens", "least_requests", "round_robin"}
     for p in policies.values():
@@ -388,3 +388,42 @@ def test_round_medians_leave_out_a_round_where_everything_failed() -> None:
     m = round_medians([ok(100.0), failed, ok(300.0)])
     assert m["ttft_p99_ms"] == 200.0 and m["short_ttft_p99_ms"] == 2.0
     assert round_medians([failed])["ttft_p99_ms"] is None
+
+
+# --- the overhead benchmark's peer rows ---------------------------------------------------------
+
+def test_router_cpu_includes_its_worker_processes() -> None:
+    """nginx (and uvicorn with workers) does its work in child processes: the CPU charged to a
+    router is its whole process tree's, or nginx would look free."""
+    from gateway.bench.overhead import cpu_seconds, tree_cpu_seconds
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               f"subprocess.run([sys.executable, '-c', {busy!r}])\n"
+                               "time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while tree_cpu_seconds(parent.pid) - cpu_seconds(parent.pid) < 0.25:
+            assert time.monotonic() < deadline, "the child's CPU time was never counted"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_peer_table_charges_each_router_and_compares_it_with_vllm_router() -> None:
+    from gateway.bench.overhead import PACED_SCENARIOS, peer_table
+
+    def figures(rps: float, cpu_token: float | None, ttft_p50: float) -> dict:
+        return {"requests_per_s": rps, "tokens_per_s": rps * 256, "ttft_ms": {"p50": ttft_p50},
+                "router_cpu_us_per_request": None if cpu_token is None else cpu_token * 256,
+                "router_cpu_us_per_token": cpu_token}
+
+    sc = PACED_SCENARIOS[1]
+    res = {sc.key: {"scenario": sc.__dict__, "order": ["direct", "gateway", "vllm-router"],
+                    "direct": figures(100, None, 10.0), "gateway": figures(99, 60.0, 11.0),
+                    "vllm-router": figures(100, 30.0, 10.25)}}
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:-1]]
+            for line in peer_table(res).splitlines()[2:]}
+    assert rows["gateway"][2:] == ["1.000", "15,360.0", "60.00", "2.00"]
+    assert rows["vllm-router"][2:] == ["0.250", "7,680.0", "30.00", "1.00"]

@@ -206,21 +206,25 @@ def without_a_number(values: dict[tuple[str, str, str], list[float]]) -> list:
 # The overview panels a healthy system never increments: 0 there, a number once it happens.
 TROUBLE_PANELS = ("Rejections/s by reason", "Upstream errors/s by replica and kind",
                   "Retries/s by failed replica and kind", "Queue time for a free replica slot")
+AGREEMENT_PANELS = ("Output agreement by shadow pool", "Greedy agreement by shadow pool")
 ENGINE_PANELS = ("Engine queue (waiting requests) per replica",
                  "Engine running requests per replica", "Engine KV cache usage per replica")
 
 
 def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path: Path) -> None:
     with sim("vllm", MODEL, 4096, *PACED) as vllm_a, sim("vllm", MODEL, 4096, *PACED) as vllm_b, \
-            sim("tgi", MODEL, 4096, *PACED) as tgi:
-        replicas = {"vllm-a": vllm_a, "vllm-b": vllm_b, "tgi-c": tgi}
+            sim("tgi", MODEL, 4096, *PACED) as tgi, sim("tgi", MODEL, 4096, *PACED) as tgi_d:
+        replicas = {"vllm-a": vllm_a, "vllm-b": vllm_b, "tgi-c": tgi, "tgi-d": tgi_d}
         config = {
             "models": [{"name": MODEL, "pools": [
                 {"name": "stable", "weight": 50,
                  "replicas": [{"url": vllm_a, "engine": "vllm", "name": "vllm-a"},
                               {"url": vllm_b, "engine": "vllm", "name": "vllm-b"}]},
                 {"name": "canary", "weight": 50,
-                 "replicas": [{"url": tgi, "engine": "tgi", "name": "tgi-c"}]}]}],
+                 "replicas": [{"url": tgi, "engine": "tgi", "name": "tgi-c"}]},
+                # A copy of every canary request (the canary board's shadow panels).
+                {"name": "shadow", "shadow_of": "canary", "sample": 1.0,
+                 "replicas": [{"url": tgi_d, "engine": "tgi", "name": "tgi-d"}]}]}],
             "default_model": MODEL,
             "health": {"interval": 0.5, "timeout": 1.0},
             "backpressure": {"max_in_flight_per_replica": 2},
@@ -233,7 +237,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
                       "warning"], gw + "/ready"), \
                 prometheus(tmp_path, gw, list(replicas.values())) as prom:
             deadline = time.monotonic() + 20  # bounded: the first scrapes, before any traffic
-            while len(query(prom, "up == 1")) < 4 and time.monotonic() < deadline:
+            while len(query(prom, "up == 1")) < 5 and time.monotonic() < deadline:
                 time.sleep(0.2)
             # Healthy: two rounds with scrapes in between, so rate() sees every series move.
             for _ in range(2):
@@ -241,7 +245,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
                 time.sleep(2.5)
             scraped(prom, gw)
             up = query(prom, "up")
-            assert len(up) == 4 and all(r["value"][1] == "1" for r in up), up
+            assert len(up) == 5 and all(r["value"][1] == "1" for r in up), up
             healthy = panel_values(prom)
             titles = {title for _, title, _ in healthy}
             assert set(TROUBLE_PANELS + ENGINE_PANELS) <= titles
@@ -252,6 +256,8 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
                     assert set(got) == {0.0}, (title, got)  # 0, not "No data"
                 if title in ENGINE_PANELS:  # one series per scraped replica
                     assert len(got) == len(replicas), (title, got)
+                if title in AGREEMENT_PANELS:  # the shadow engine generates the same text
+                    assert got == [1.0], (title, got)
 
             # In trouble: the same panels, now with what happened.
             for _ in range(2):
@@ -268,7 +274,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             # The template variables' label_values() queries find the model and both pools.
             for label, match, want in [("model", "llm_gateway_replica_healthy", {MODEL}),
                                        ("pool", f'llm_gateway_replica_healthy{{model=~"{MODEL}"}}',
-                                        {"stable", "canary"})]:
+                                        {"stable", "canary", "shadow"})]:
                 values = httpx.get(f"{prom}/api/v1/label/{label}/values",
                                    params={"match[]": match}).json()["data"]
                 assert set(values) == want

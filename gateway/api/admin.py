@@ -8,6 +8,7 @@ Removing or draining a replica takes it out of rotation; its in-flight streams f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from typing import Any
@@ -101,6 +102,52 @@ async def undrain_replica(request: Request, name: str) -> dict[str, Any]:
     replica = _replica(request, name)
     replica.draining = False
     return _describe(request.app.state.gateway, replica)
+
+
+class PoolWeight(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(ge=0, allow_inf_nan=False)
+
+
+def _describe_pool(model: Any, pool: Any) -> dict[str, Any]:
+    return {"model": model.name, "pool": pool.name, "weight": pool.weight,
+            "shadow_of": pool.shadow_of, "sample": pool.sample if pool.shadow_of else None,
+            "replicas": [r.name for r in pool.replicas]}
+
+
+@router.get("/models", dependencies=[Depends(_authorized)])
+async def list_models(request: Request) -> dict[str, Any]:
+    """Models and their pools: weights (as set now), shadows, replicas."""
+    gateway = request.app.state.gateway
+    return {"models": [{"name": m.name, "pools": [_describe_pool(m, p) for p in m.pools]}
+                       for m in gateway.models.values()]}
+
+
+@router.put("/models/{model}/pools/{pool}", dependencies=[Depends(_authorized)])
+async def set_pool_weight(request: Request, model: str, pool: str,
+                          new: PoolWeight) -> dict[str, Any]:
+    """A pool's share of its model's traffic, now and on every instance sharing Redis."""
+    gateway = request.app.state.gateway
+    try:
+        target = gateway.weights.set_weight(model, pool, new.weight)
+    except KeyError as exc:
+        raise HTTPException(404, str(exc.args[0])) from None
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
+    with contextlib.suppress(Exception):  # Redis away: published by the next sync round
+        async with asyncio.timeout(gateway.settings.redis_timeout):
+            await gateway.weights.sync()
+    return _describe_pool(gateway.models[model], target)
+
+
+@router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])
+async def canary_disagreements(request: Request, model: str) -> dict[str, Any]:
+    """Shadowed pairs compared for the model, and the last ones whose outputs differ."""
+    gateway = request.app.state.gateway
+    if model not in gateway.models:
+        raise HTTPException(404, f"no model named {model!r}")
+    return gateway.agreement.report(model)
 
 
 @router.get("/runtime", dependencies=[Depends(_authorized)])

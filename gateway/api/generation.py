@@ -14,6 +14,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
+from gateway.canary import shadow
+from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
@@ -67,15 +69,15 @@ class HeadersTooLarge(InvalidRequest):
     reason = "headers_too_large"
 
 
-def read_headers(scope: Scope) -> tuple[str, str | None, bytes | None]:
+def read_headers(scope: Scope) -> tuple[str, str | None, str | None, bytes | None]:
     """One pass over the headers: the request id (the client's ``x-request-id`` or a new one),
-    the client's session (``x-session-id``) and its ``authorization``; raises if the header
-    block is too big.
+    the client's session (``x-session-id``), forced pool (``x-gateway-pool``) and its
+    ``authorization``; raises if the header block is too big.
 
     uvicorn's httptools parser sets no limit of its own, so the check is made here, where
     the request is refused before anything is read or reserved.
     """
-    request_id = session = authorization = None
+    request_id = session = pool = authorization = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -83,11 +85,13 @@ def read_headers(scope: Scope) -> tuple[str, str | None, bytes | None]:
             request_id = value.decode("latin-1")
         elif key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
             session = value.decode("latin-1")
+        elif key == POOL_HEADER and value:  # too long names no pool: a 400 then
+            pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
         elif key == b"authorization":
             authorization = value
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return request_id or uuid.uuid4().hex, session, authorization
+    return request_id or uuid.uuid4().hex, session, pool, authorization
 
 
 async def send_body(send: Send, status: int, body: bytes,
@@ -149,7 +153,7 @@ class GenerationEndpoint:
         gateway = self.gateway
         request: GenerationRequest | None = None
         try:
-            request_id, session, authorization = read_headers(scope)
+            request_id, session, pool, authorization = read_headers(scope)
         except HeadersTooLarge as error:
             await self._reject(send, error, None, uuid.uuid4().hex)
             return
@@ -162,7 +166,7 @@ class GenerationEndpoint:
                 async with asyncio.timeout(gateway.settings.client_body_timeout):
                     body = await read_body(receive)
                 request = self.parse(body)
-                request.session = session
+                request.session, request.pool = session, pool
                 model, admission = gateway.router.admit(request)
                 # The key's allowlist and limits; the grant is settled below, however it ends.
                 grant = await gateway.access.admit(key, request, model.name,
@@ -215,12 +219,13 @@ class GenerationEndpoint:
         gateway = self.gateway
         gateway.retry_budget.request()
         tried: list[Replica] = []
+        key = sticky_key(request)
         while True:
-            placement = await gateway.router.place(model, admission, exclude=tried)
+            placement = await gateway.router.place(model, admission, exclude=tried, key=key)
             if placement.queued_for:
                 gateway.metrics.queued(model.name, self.api, placement.queued_for)
             try:
-                return await gateway.relay.forward(request, placement, arrival, request_id)
+                reply = await gateway.relay.forward(request, placement, arrival, request_id)
             except GatewayError as error:
                 tried.append(placement.replica)
                 if (error.retry_kind is None
@@ -229,6 +234,13 @@ class GenerationEndpoint:
                         or not gateway.retry_budget.try_spend()):
                     raise
                 gateway.metrics.retry(placement.replica, error.retry_kind)
+                continue
+            if model.name in gateway.shadows.models:  # canary: copy it, now that it answers
+                primary_text = gateway.shadows.start(request, model, placement.replica.pool,
+                                                     request_id)
+                if primary_text is not None:
+                    reply = shadow.primary_reply(primary_text, reply)
+            return reply
 
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
                       request_id: str) -> None:

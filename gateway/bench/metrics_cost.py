@@ -39,7 +39,7 @@ async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float
                 segments[target].append(await run_segment(ports[target], sc, per_target / rounds,
                                                           {"gateway": pids[target]}))
         out[sc.key] = {"scenario": sc.__dict__,
-                       **{t: summarise(segments[t], sc, gateway=True) for t in segments}}
+                       **{t: summarise(segments[t], sc, router="gateway") for t in segments}}
     return out
 
 
@@ -49,7 +49,7 @@ def table(res: dict[str, Any]) -> str:
                               ("rps_c64", "requests_per_s", "non-stream req/s, c=64, 16 tok")]:
         on, off = res[key]["on"][figure], res[key]["off"][figure]
         rows.append(f"| {unit} | {on:,.0f} | {off:,.0f} | {on / off:.3f} |")
-        cpu = "gateway_cpu_us_per_token" if key == "tps_c64" else "gateway_cpu_us_per_request"
+        cpu = "router_cpu_us_per_token" if key == "tps_c64" else "router_cpu_us_per_request"
         on_cpu, off_cpu = res[key]["on"].get(cpu), res[key]["off"].get(cpu)
         if on_cpu and off_cpu:
             rows.append(f"| gateway CPU {'per token' if key == 'tps_c64' else 'per request'} "

@@ -1,6 +1,7 @@
 """Measure the overhead the gateway adds, side by side with the replica it fronts.
 
     python -m gateway.bench.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
+                                     [--peers [vllm-router nginx]] [--paced]
 
 Starts, on loopback, one simulated vLLM replica (``--profile instant``: it answers with no
 delay, so what remains is HTTP + relay cost) pinned to core 1 and one gateway worker in
@@ -16,6 +17,13 @@ it is not the bottleneck):
   gateway's CPU time per request (``/proc/<pid>/stat`` utime+stime);
 - streamed tokens/s (token events read inside the window) at concurrency 64 and 256,
   max_tokens 256.
+
+With ``--peers`` the same replica is also fronted by peer routers, each measured in the same
+rotation, on the gateway's core, with its CPU time charged the same way (its whole process
+tree): vllm-router (Rust, from PyPI, in its own venv ``$BENCH_VENV``) and nginx (C) where
+installed, so every run reports our cost as a ratio to theirs. ``--paced`` makes the replica
+stream one event per token, 10 ms apart, as real engines do, and measures TTFT at
+concurrency 1 and 256 paced streams: the CPU per relayed event.
 
 The benchmark suite (``gateway.bench.suite``) runs the same measurement on its own scenarios.
 
@@ -86,6 +94,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of stat(5)
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of a process and all its descendants (nginx's worker, uvicorn's)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    children[int(f.read().rpartition(")")[2].split()[1])].append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue  # exited while we looked
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            continue
+        todo += children.get(p, [])
+    return total
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,11 +160,81 @@ def pin_client() -> None:
         pass
 
 
+# Peer routers measured beside the gateway, in front of the same replica, on the same core.
+BENCH_VENV = Path(os.environ.get("BENCH_VENV", "/work/bench-venv"))
+PEERS = ("vllm-router", "nginx")
+
+
+def peer_unavailable(name: str) -> str | None:
+    """Why a peer router cannot run here (None: it can)."""
+    if name == "vllm-router" and not (BENCH_VENV / "bin" / "vllm-router").exists():
+        return (f"{BENCH_VENV}/bin/vllm-router not found: python -m venv {BENCH_VENV} && "
+                f"{BENCH_VENV}/bin/pip install vllm-router (or set BENCH_VENV)")
+    if name == "nginx" and shutil.which("nginx") is None:
+        return "nginx not found (Debian: apt-get install nginx-light)"
+    return None
+
+
+def nginx_config(tmp: Path, port: int, replica_port: int) -> Path:
+    """nginx as a plain keep-alive reverse proxy: one worker, no buffering (streams pass
+    event by event), no access log, everything it writes in ``tmp``."""
+    conf = tmp / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/nginx-body;
+  proxy_temp_path {tmp}/nginx-proxy;
+  fastcgi_temp_path {tmp}/nginx-fastcgi;
+  uwsgi_temp_path {tmp}/nginx-uwsgi;
+  scgi_temp_path {tmp}/nginx-scgi;
+  upstream replica {{ server {HOST}:{replica_port}; keepalive 512; }}
+  server {{
+    listen {HOST}:{port};
+    keepalive_requests 1000000;
+    location / {{
+      proxy_pass http://replica;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+    return conf
+
+
+def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subprocess.Popen, str]:
+    """A peer router on the gateway's core in front of the replica; returns it and its
+    readiness URL."""
+    if name == "vllm-router":
+        cmd = [str(BENCH_VENV / "bin" / "vllm-router"), "--host", HOST, "--port", str(port),
+               "--policy", "round_robin", "--worker-urls", f"http://{HOST}:{replica_port}",
+               # its metrics exporter defaults to a fixed port on every interface
+               "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
+        ready = f"http://{HOST}:{port}/v1/models"
+    else:
+        cmd = ["nginx", "-c", str(nginx_config(tmp, port, replica_port)), "-p", str(tmp)]
+        ready = f"http://{HOST}:{port}/health"
+    prefix = ["taskset", "-c", str(GATEWAY_CORE)] if shutil.which("taskset") else []
+    with open(tmp / f"{name}.log", "wb") as err:
+        proc = subprocess.Popen([*prefix, *cmd], stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    return proc, ready
+
+
 @contextlib.contextmanager
-def replica_and_gateway(sim_args: str) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
-    """One simulated vLLM replica (core 1) and one gateway worker in front of it (core 0);
-    yields their ports and pids ({"direct", "gateway"}, {"replica", "gateway"}) and a temp dir
-    with their logs. Both are stopped on exit; one that died during the run is an error."""
+def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = ()
+                        ) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
+    """One simulated vLLM replica (core 1) and one gateway worker in front of it (core 0),
+    plus each of ``peers`` (routers in front of the same replica, also on core 0; they take
+    turns under load, so they do not share the core while measured); yields their ports and
+    pids ({"direct", "gateway", *peers}, {"replica", "gateway", *peers}) and a temp dir with
+    their logs. All are stopped on exit; one that died during the run is an error."""
     tmp = Path(tempfile.mkdtemp(prefix="gw-overhead-"))
     rport, gport = free_port(), free_port()
     config = tmp / "gateway.yaml"
@@ -154,11 +253,18 @@ def replica_and_gateway(sim_args: str) -> Iterator[tuple[dict[str, int], dict[st
                          "--log-level", "warning"], GATEWAY_CORE, tmp / "gateway.log")
         procs.append(gateway)
         wait_ready(f"http://{HOST}:{gport}/ready", gateway)
-        print(f"replica pid {replica.pid} :{rport} (core {REPLICA_CORE}), gateway pid "
-              f"{gateway.pid} :{gport} (core {GATEWAY_CORE}), load generator core "
-              f"{CLIENT_CORE}", file=sys.stderr, flush=True)
-        yield ({"direct": rport, "gateway": gport},
-               {"gateway": gateway.pid, "replica": replica.pid}, tmp)
+        ports = {"direct": rport, "gateway": gport}
+        pids = {"gateway": gateway.pid, "replica": replica.pid}
+        for name in peers:
+            ports[name] = free_port()
+            peer, ready = start_peer(name, ports[name], rport, tmp)
+            procs.append(peer)
+            wait_ready(ready, peer)
+            pids[name] = peer.pid
+        print(f"replica pid {replica.pid} :{rport} (core {REPLICA_CORE}), routers "
+              f"{ {n: (pids[n], ports[n]) for n in ('gateway', *peers)} } (core "
+              f"{GATEWAY_CORE}), load generator core {CLIENT_CORE}", file=sys.stderr, flush=True)
+        yield ports, pids, tmp
         for p in procs:
             if p.poll() is not None:
                 raise RuntimeError(f"{p.args} died during the run; see {tmp}")
@@ -233,12 +339,12 @@ async def run_segment(port: int, sc: Scenario, seconds: float,
 
     async def window() -> dict[str, float]:
         await asyncio.sleep(max(0.0, w0 - time.perf_counter()))
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
         before["client"] = time.process_time()
         t_a = time.perf_counter()
         await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
         t_b = time.perf_counter()
-        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        after = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
         after["client"] = time.process_time()
         return {"wall": t_b - t_a, **{k: after[k] - before[k] for k in before}}
 
@@ -253,7 +359,9 @@ async def run_segment(port: int, sc: Scenario, seconds: float,
                    latencies=[r.e2e for r in done if r.due >= w0], cpu=cpu)
 
 
-def summarise(segments: list[Segment], sc: Scenario, gateway: bool) -> dict[str, Any]:
+def summarise(segments: list[Segment], sc: Scenario, router: str | None) -> dict[str, Any]:
+    """A target's figures over its segments; ``router``: the process in front of the replica
+    whose CPU time is charged per request and per token event (None: direct, no router)."""
     window = sum(s.window for s in segments)
     requests = sum(s.requests for s in segments)
     tokens = sum(s.tokens for s in segments)
@@ -272,43 +380,54 @@ def summarise(segments: list[Segment], sc: Scenario, gateway: bool) -> dict[str,
         out["tokens_per_s"] = tokens / window if window else 0.0
         out["tokens_per_request"] = tokens / requests if requests else None
         out["ttft_ms"] = distribution_ms(t for s in segments for t in s.ttfts)
-    if gateway and "gateway" in cpu:
-        g = cpu["gateway"]
-        out["gateway_cpu_s"] = g
-        out["gateway_cpu_us_per_request"] = g / requests * 1e6 if requests else None
+    if router is not None and router in cpu:
+        g = cpu[router]
+        out["router_cpu_s"] = g
+        out["router_cpu_us_per_request"] = g / requests * 1e6 if requests else None
         if sc.stream and tokens:
-            out["gateway_cpu_us_per_token"] = g / tokens * 1e6
-        # What one fully busy gateway core would sustain at this CPU cost.
+            out["router_cpu_us_per_token"] = g / tokens * 1e6
+        # What one fully busy core would sustain at this CPU cost.
         if g > 0:
-            out["gateway_requests_per_core_s"] = requests / g
+            out["router_requests_per_core_s"] = requests / g
             if sc.stream:
-                out["gateway_tokens_per_core_s"] = tokens / g
+                out["router_tokens_per_core_s"] = tokens / g
     return out
 
 
 async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float,
                   rounds: int, scenarios: list[Scenario] = SCENARIOS) -> dict[str, Any]:
+    """Each scenario on every target (direct, the gateway, any peer routers) in turn, the
+    order reversed every other round (A B C, C B A, ...) so drift cancels out."""
     out: dict[str, Any] = {}
     seg_s = per_target / rounds
+    targets = list(ports)
     for sc in scenarios:
-        segs: dict[str, list[Segment]] = {"direct": [], "gateway": []}
+        segs: dict[str, list[Segment]] = {t: [] for t in targets}
         order = []
-        for r in range(rounds):  # A B B A ...
-            order += ["direct", "gateway"] if r % 2 == 0 else ["gateway", "direct"]
+        for r in range(rounds):
+            order += targets if r % 2 == 0 else targets[::-1]
         for target in order:
             segs[target].append(await run_segment(ports[target], sc, seg_s, pids))
-        out[sc.key] = {"scenario": sc.__dict__,
-                       "order": order,
-                       "direct": summarise(segs["direct"], sc, gateway=False),
-                       "gateway": summarise(segs["gateway"], sc, gateway=True)}
-        d, g = out[sc.key]["direct"], out[sc.key]["gateway"]
-        line = f"  {sc.key:9s} direct {d['requests_per_s']:8.0f} req/s  gateway {g['requests_per_s']:8.0f} req/s"
-        if sc.stream:
-            line += (f"  | tok/s {d['tokens_per_s']:8.0f} / {g['tokens_per_s']:8.0f}"
-                     f"  | TTFT p50 {d['ttft_ms']['p50']} / {g['ttft_ms']['p50']} ms")
-        print(line, file=sys.stderr, flush=True)
+        out[sc.key] = {"scenario": sc.__dict__, "order": order,
+                       **{t: summarise(segs[t], sc, router=None if t == "direct" else t)
+                          for t in targets}}
+        figures = []
+        for t in targets:
+            r = out[sc.key][t]
+            figure = f"{t} {r['requests_per_s']:,.0f} req/s"
+            if sc.stream:
+                figure += f", {r['tokens_per_s']:,.0f} tok/s, TTFT p50 {r['ttft_ms']['p50']} ms"
+            figures.append(figure)
+        print(f"  {sc.key}: " + " | ".join(figures), file=sys.stderr, flush=True)
     return out
 
+
+# One event per token, 10 ms apart, as a real engine streams: where per-event cost shows.
+PACED_SIM_ARGS = "--profile paced --ttft-ms 10 --itl-ms 10"
+PACED_SCENARIOS = [
+    Scenario("ttft_c1", "stream TTFT, c=1, max_tokens 16", True, 1, 16),
+    Scenario("paced_c256", "paced stream, c=256, max_tokens 256", True, 256, 256),
+]
 
 TRANSLATION_SCENARIOS = [
     Scenario("stream_c16", "stream, c=16, max_tokens 256", True, 16, 256),
@@ -327,8 +446,8 @@ async def measure_translation(port: int, pids: dict[str, int], per_target: float
         for r in range(rounds):
             for name in (("passthrough", "translated") if r % 2 == 0 else ("translated", "passthrough")):
                 segs[name].append(await run_segment(port, variants[name], per_target / rounds, pids))
-        res = {name: summarise(segs[name], variants[name], gateway=True) for name in variants}
-        a, b = (res[k].get("gateway_cpu_us_per_token") for k in ("passthrough", "translated"))
+        res = {name: summarise(segs[name], variants[name], router="gateway") for name in variants}
+        a, b = (res[k].get("router_cpu_us_per_token") for k in ("passthrough", "translated"))
         out[sc.key] = {"scenario": sc.__dict__, **res,
                        "cpu_per_token_ratio": b / a if a and b else None}
         print(f"  {sc.key}: gateway CPU per token event {a and round(a, 2)} µs passthrough, "
@@ -349,8 +468,8 @@ def translation_table(res: dict[str, Any]) -> str:
     for r in res.values():
         p, t = r["passthrough"], r["translated"]
         rows.append(f"| {r['scenario']['what']} | {f(p['tokens_per_s'])} / {f(t['tokens_per_s'])} "
-                    f"| {f(p.get('gateway_cpu_us_per_token'), 2)} / "
-                    f"{f(t.get('gateway_cpu_us_per_token'), 2)} | {f(r['cpu_per_token_ratio'], 2)} "
+                    f"| {f(p.get('router_cpu_us_per_token'), 2)} / "
+                    f"{f(t.get('router_cpu_us_per_token'), 2)} | {f(r['cpu_per_token_ratio'], 2)} "
                     f"| {p['errors']} / {t['errors']} |")
     return "\n".join(rows)
 
@@ -378,24 +497,55 @@ def table(res: dict[str, Any]) -> str:
         rows.append(f"| {r['scenario']['what']} | {f(p50[0], 3)} / {f(p50[1], 3)} "
                     f"({added(*p50)}) | {f(p99[0], 3)} / {f(p99[1], 3)} ({added(*p99)}) "
                     f"| {f(d['requests_per_s'])} / {f(g['requests_per_s'])} | {tok} "
-                    f"| {f(g.get('gateway_cpu_us_per_request'))} |")
+                    f"| {f(g.get('router_cpu_us_per_request'))} |")
     rows += ["", "¹ streams: to the first token; non-streaming: to the whole response.", ""]
     rows += targets(res)
-    rows += ["", "CPU busy during each window (cores; gateway on core 0, replica + load "
+    routers = [t for t in next(iter(res.values()))["order"] if t != "direct"]
+    routers = list(dict.fromkeys(routers))
+    if len(routers) > 1:
+        rows += ["", "Peer routers in front of the same replica, same run:", "", peer_table(res)]
+    rows += ["", "CPU busy during each window (cores; routers on core 0, replica + load "
              "generator on core 1):", "",
-             "| scenario | target | gateway | replica | load generator |", "|---|---|---:|---:|---:|"]
+             "| scenario | target | router | replica | load generator |", "|---|---|---:|---:|---:|"]
     for key, r in res.items():
-        for target in ("direct", "gateway"):
+        for target in ("direct", *routers):
             u = r[target]["cpu_util"]
-            rows.append(f"| {key} | {target} | {u.get('gateway', 0):.2f} | "
+            router = 0.0 if target == "direct" else u.get(target, 0)
+            rows.append(f"| {key} | {target} | {router:.2f} | "
                         f"{u.get('replica', 0):.2f} | {u.get('client', 0):.2f} |")
+    return "\n".join(rows)
+
+
+def peer_table(res: dict[str, Any]) -> str:
+    """Every router side by side per scenario: what it carried, the TTFT it added, its CPU
+    per request (non-stream) or per token event (streams), and that CPU as a ratio to
+    vllm-router's measured in the same run."""
+    f = fmt
+    rows = ["| scenario | router | req/s | streamed tok/s | added TTFT¹ p50 ms | CPU µs per "
+            "request | CPU µs per token event | CPU / vllm-router's |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res.values():
+        sc = r["scenario"]
+        lat = "ttft_ms" if sc["stream"] else "latency_ms"
+        per = "router_cpu_us_per_token" if sc["stream"] else "router_cpu_us_per_request"
+        base = r.get("vllm-router", {}).get(per)
+        direct = r["direct"][lat]["p50"]
+        for name, g in r.items():
+            if name in ("scenario", "order", "direct"):
+                continue
+            added = None if direct is None or g[lat]["p50"] is None else g[lat]["p50"] - direct
+            ratio = g.get(per) / base if base and g.get(per) else None
+            rows.append(f"| {sc['what']} | {name} | {f(g['requests_per_s'])} "
+                        f"| {f(g.get('tokens_per_s'))} | {f(added, 3)} "
+                        f"| {f(g.get('router_cpu_us_per_request'), 1)} "
+                        f"| {f(g.get('router_cpu_us_per_token'), 2)} | {f(ratio, 2)} |")
     return "\n".join(rows)
 
 
 def targets(res: dict[str, Any]) -> list[str]:
     """The gateway core issue's targets, against the best figure any scenario reached."""
     gw = [r["gateway"] for r in res.values()]
-    rps = max((g.get("gateway_requests_per_core_s") or 0 for g, r in zip(gw, res.values())
+    rps = max((g.get("router_requests_per_core_s") or 0 for g, r in zip(gw, res.values())
                if not r["scenario"]["stream"]), default=0)
     tps = max((g.get("tokens_per_s") or 0 for g in gw), default=0)
     c1 = [r for r in res.values() if r["scenario"]["stream"] and r["scenario"]["concurrency"] == 1]
@@ -574,22 +724,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--translation", action="store_true",
                         help="compare same-dialect streams with translated ones (TGI clients on "
                              "the vLLM replica) through the gateway, instead of direct vs gateway")
-    parser.add_argument("--sim-args", default="--profile instant",
+    parser.add_argument("--peers", nargs="*", choices=PEERS, metavar="PEER",
+                        help=f"also measure these routers in front of the same replica, in the "
+                             f"same rotation ({', '.join(PEERS)}; bare --peers: every one "
+                             f"installed; vllm-router from $BENCH_VENV, default {BENCH_VENV})")
+    parser.add_argument("--paced", action="store_true",
+                        help="one event per token, 10 ms apart, as real engines stream "
+                             f"(replica '{PACED_SIM_ARGS}'): TTFT at c=1 and 256 paced streams")
+    parser.add_argument("--sim-args", default=None,
                         help="profile arguments of the simulated replica (default "
                              "'--profile instant'; e.g. '--profile paced --ttft-ms 10 "
                              "--itl-ms 10' for one event per token, as a real engine sends)")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.duration > 60 or not 1 <= args.rounds <= 10:
         parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
+    if args.sim_args is None:
+        args.sim_args = PACED_SIM_ARGS if args.paced else "--profile instant"
+    peers: tuple[str, ...] = ()
+    if args.peers is not None:
+        wanted = args.peers or PEERS
+        missing = {p: why for p in wanted if (why := peer_unavailable(p))}
+        if args.peers and missing:  # named explicitly: it must run
+            parser.error("; ".join(missing.values()))
+        for why in missing.values():
+            print(f"skipping a peer: {why}", file=sys.stderr)
+        peers = tuple(p for p in wanted if p not in missing)
 
     pin_client()
-    with replica_and_gateway(args.sim_args) as (ports, pids, tmp):
+    with replica_and_gateway(args.sim_args, peers) as (ports, pids, tmp):
         started = time.time()
         if args.translation:
             results = asyncio.run(measure_translation(ports["gateway"], pids, args.duration,
                                                       args.rounds))
         else:
-            results = asyncio.run(measure(ports, pids, args.duration, args.rounds))
+            results = asyncio.run(measure(ports, pids, args.duration, args.rounds,
+                                          PACED_SCENARIOS if args.paced else SCENARIOS))
         prof = None
         if args.profile_dir:
             prof = asyncio.run(profile(ports, pids, args.profile_dir,
@@ -601,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine_info(),
               "setup": {"gateway_core": GATEWAY_CORE, "replica_core": REPLICA_CORE,
                         "client_core": CLIENT_CORE, "replica": f"sim vllm {args.sim_args}",
-                        "gateway_workers": 1, "warmup_s": WARMUP,
+                        "gateway_workers": 1, "peers": list(peers), "warmup_s": WARMUP,
                         "seconds_per_target": args.duration, "rounds": args.rounds,
                         "targets": {"requests_per_s_per_core": TARGET_RPS,
                                     "tokens_per_s_per_core": TARGET_TOKENS_PER_S,

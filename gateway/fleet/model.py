@@ -19,6 +19,8 @@ class Pool:
     name: str
     weight: float
     replicas: list[Replica]
+    shadow_of: str | None = None  # canary: gets copies of this pool's requests, no traffic
+    sample: float = 0.0  # with shadow_of: the share of requests copied
 
 
 @dataclass(eq=False)
@@ -48,7 +50,10 @@ def build_model(config: ModelConfig) -> ServedModel:
             replicas.append(Replica(name=name, url=url, engine=replica_config.engine,
                                     model=config.name, pool=pool_config.name,
                                     max_model_len=replica_config.max_model_len))
-        pools.append(Pool(pool_config.name, pool_config.weight, replicas))
+        # A shadow pool takes no primary traffic: its weight is 0, whatever the config says.
+        weight = 0.0 if pool_config.shadow_of else pool_config.weight
+        pools.append(Pool(pool_config.name, weight, replicas, pool_config.shadow_of,
+                          pool_config.sample))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens)

@@ -41,6 +41,7 @@ class GenerationRequest:
     session: str | None = None  # the client's session id (header x-session-id), for stickiness
     tgi_parameters: Any = None  # a TGI request's parsed parameters, once translation needs them
     caller: Caller | None = None  # the API key that sent it (None: keys are off)
+    pool: str | None = None  # a pool forced by the client (header x-gateway-pool), for testers
     shadow: bool = False  # a canary shadow copy: its answer goes nowhere, its failures count nowhere
 
     @property

@@ -21,8 +21,8 @@ key                                    type    what
                                                ejection (merged by max)
 ``{p}replica:draining``                hash    replica -> ``"1"``/``"0"`` (admin drain;
                                                persists until undrained)
-``{p}canary:sticky:{key}``             string  reserved: pool a sticky canary key went to
-                                               (SET with EX = stickiness window)
+``{p}canary:weights``                  hash    ``"<model>\t<pool>"`` -> weight set at run
+                                               time (admin API, canary guard); persists
 ``{p}ratelimit:{key name}``            hash    an API key's buckets: requests and tokens
                                                left and when (gateway/access/redis_limits)
 ``{p}ratelimit:{key name}:leases``     zset    its requests in flight; score = lease expiry
@@ -71,9 +71,9 @@ class SharedKeys:
     def replica_draining(self) -> str:
         return f"{self.prefix}replica:draining"
 
-    # Reserved for features not built yet; named here so the layout stays in one place.
-    def canary_sticky(self, sticky_key: str) -> str:
-        return f"{self.prefix}canary:sticky:{sticky_key}"
+    @property
+    def canary_weights(self) -> str:
+        return f"{self.prefix}canary:weights"
 
     def rate_limit(self, key_name: str) -> str:
         return f"{self.prefix}ratelimit:{key_name}"

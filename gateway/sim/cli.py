@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--tokenizer", metavar="DIR",
                         help="model directory with tokenizer.json and a chat template "
                              "(default: the built-in small model directory)")
+    server.add_argument("--text-seed", type=int, default=0,
+                        help="mixed into the generated text (not its length): replicas with different "
+                             "seeds answer the same prompt differently, as another model version would "
+                             "(canary agreement); default 0, the same text as every other replica")
     server.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                         help="uvicorn log level (default warning; access log is always off)")
 
@@ -149,7 +153,7 @@ def build_config(args: argparse.Namespace):
         max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
         eos_before_max=args.eos_before_max,
         event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
-        tgi_version=args.tgi_version or VERSION["tgi"])
+        tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed)
 
 
 def run(args: argparse.Namespace) -> int:

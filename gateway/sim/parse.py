@@ -70,6 +70,7 @@ class Limits:
     mean_output_tokens: int
     max_input_tokens: int  # TGI
     eos_before_max: bool = False  # max_tokens is a cap on a natural length, as with real models
+    text_seed: int = 0  # mixed into the text drawn (not its length): another "model version"
 
 
 def load_json(body: bytes, dialect: Dialect) -> dict[str, Any]:
@@ -118,11 +119,12 @@ def _choices(seed: int, explicit: int | None, cap: int, limits: Limits, stops: l
             cap = min(cap, explicit)
             explicit = None
         if explicit is not None:
-            pieces, finish = textgen.generate(s, min(explicit, cap)), "length"
+            pieces, finish = textgen.generate(s ^ limits.text_seed, min(explicit, cap)), "length"
         else:
             natural = textgen.natural_length(s, limits.mean_output_tokens, cap)
-            pieces, finish = ((textgen.generate(s, natural), "length") if natural == cap else
-                              (textgen.generate(s, natural - 1) + [textgen.EOS], "eos"))
+            text_seed = s ^ limits.text_seed
+            pieces, finish = ((textgen.generate(text_seed, natural), "length") if natural == cap else
+                              (textgen.generate(text_seed, natural - 1) + [textgen.EOS], "eos"))
         choice = Choice(pieces, finish)
         matched = textgen.stop_at(pieces, stops, suffix_rule=tgi)
         if matched is not None and not (tgi and finish == "length" and matched[0] == len(pieces) - 1):

@@ -1,0 +1,1 @@
+"""Canary comparison between engines: splits, shadow copies, output agreement, the verdict."""

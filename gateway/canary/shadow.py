@@ -1,0 +1,203 @@
+"""Shadow traffic: a sampled copy of a primary request also goes to a pool that shadows the
+primary's (``shadow_of``), fire and forget.
+
+The copy starts once the primary is placed and answering (its first token is read, or its
+whole body), in a task of its own that the client's path never awaits: the client only ever
+sees (and waits for) the primary, and the copy's admission (tokenizing, chat template) and
+connection set-up never land inside the primary's time to first token. At most
+``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted,
+as is a copy whose pool has no free slot (copies never wait in the clients' queue).
+A copy goes through the same admission, balancing (inside its pool) and metering as any
+request, labelled ``role="shadow"``; it is never retried, and its failures neither eject
+nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
+count as the primary's rejections. Its stream is read to the end (usage counted) and its
+lease closed like any other. When a pair is compared (``gateway.canary.agreement``), both
+sides' texts are collected; ordinary requests pay nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+from gateway.canary.agreement import Agreement, Pair, TextCollector
+from gateway.fleet.model import Pool, ServedModel
+from gateway.metrics import CanaryMetrics
+from gateway.protocol.errors import GatewayError, Overloaded
+from gateway.protocol.request import GenerationRequest
+from gateway.relay import Reply
+
+if TYPE_CHECKING:
+    from gateway.relay import Relay
+    from gateway.router import Router
+
+log = logging.getLogger(__name__)
+
+
+def shadow_pools(model: ServedModel, pool: str) -> list[Pool]:
+    return [p for p in model.pools if p.shadow_of == pool]
+
+
+class Shadows:
+    """Starts, bounds and tracks one instance's shadow copies."""
+
+    def __init__(self, router: "Router", relay: Callable[[], "Relay"], metrics: CanaryMetrics,
+                 agreement: Agreement, max_in_flight: int,
+                 rng: random.Random | None = None) -> None:
+        self.router = router
+        self._relay = relay  # the relay exists once the gateway started
+        self.metrics = metrics
+        self.agreement = agreement
+        self.max_in_flight = max_in_flight
+        self.rng = rng or random.Random()
+        self.in_flight = 0
+        self._tasks: set[asyncio.Task] = set()
+        # Models with a shadow pool: the one check ordinary requests pay.
+        self.models = {name for name, m in router.models.items()
+                       if any(p.shadow_of for p in m.pools)}
+        for name in self.models:
+            for pool in router.models[name].pools:
+                if pool.shadow_of:
+                    metrics.start_at_zero(name, pool.name)
+
+    def start(self, request: GenerationRequest, model: ServedModel, pool: str,
+              request_id: str) -> TextCollector | None:
+        """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
+        sample draws it). Returns the collector of the primary's text, to be fed and ended
+        with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
+        if request.shadow or model.name not in self.models:
+            return None
+        primary: TextCollector | None = None
+        for target in shadow_pools(model, pool):
+            if target.sample < 1.0 and self.rng.random() >= target.sample:
+                continue
+            if self.in_flight >= self.max_in_flight:
+                self.metrics.shadow_skipped.labels(model.name, target.name,
+                                                   "in_flight_limit").inc()
+                continue
+            if primary is None:
+                primary = _PrimaryText(request.api, self.agreement.max_chars)
+            pair = self.agreement.pair(model.name, target.name, pool, request, primary)
+            primary.pairs.append(pair)
+            copy = dataclasses.replace(request, shadow=True, pool=target.name)
+            self.in_flight += 1  # released in _run's finally, exactly once
+            task = asyncio.create_task(self._run(copy, pair, f"{request_id}-shadow"),
+                                       name="canary-shadow")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return primary
+
+    async def _run(self, request: GenerationRequest, pair: Pair, request_id: str) -> None:
+        ok = False
+        try:
+            arrival = time.perf_counter()
+            try:
+                model, admission = self.router.admit(request)
+                # No session: the balancer would remember the shadow replica as the session's
+                # last one, and the session's next request would lose its replica affinity.
+                admission.cost.session = None
+                # Never queued: a copy waiting for a slot would take a client's place.
+                placement = await self.router.place(model, admission, wait=False)
+            except GatewayError as error:
+                reason = "no_slot" if isinstance(error, Overloaded) else "rejected"
+                self.metrics.shadow_skipped.labels(pair.model, pair.pool, reason).inc()
+                log.debug("shadow copy to %s not sent: %s", pair.pool, error.message)
+                return
+            try:
+                reply = await self._relay().forward(request, placement, arrival, request_id)
+            except GatewayError:
+                return  # counted by the relay under role="shadow"; never retried
+            if reply.stream is None:
+                pair.shadow.body(reply.body)
+                ok = reply.status < 400
+                return
+            try:
+                pair.shadow.feed(reply.first)
+                async for chunk in reply.stream:  # to the end: usage counted, lease closed
+                    pair.shadow.feed(chunk)
+                ok = True
+            finally:
+                await reply.stream.aclose()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a shadow never fails anything but itself
+            log.exception("shadow copy to %s failed", pair.pool)
+        finally:
+            self.in_flight -= 1
+            pair.shadow_done(ok)
+
+    async def close(self) -> None:
+        """Stop the copies still running (gateway shutdown); their leases close."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _PrimaryText(TextCollector):
+    """The primary's text, shared by its pairs; each pair hears once when it ended."""
+
+    __slots__ = ("pairs", "ended")
+
+    def __init__(self, api: Any, max_chars: int) -> None:
+        super().__init__(api, max_chars)
+        self.pairs: list[Pair] = []
+        self.ended = False
+
+    def end(self, ok: bool) -> None:
+        if not self.ended:
+            self.ended = True
+            for pair in self.pairs:
+                pair.primary_done(ok)
+            self.pairs = []
+
+
+def primary_reply(primary: TextCollector, reply: Reply) -> Reply:
+    """Have the primary's answer read on its way to the client: a body at once, a stream as
+    it passes (its end, or the client leaving, ends the primary's side)."""
+    assert isinstance(primary, _PrimaryText)
+    if reply.stream is None:
+        primary.body(reply.body)
+        primary.end(reply.status < 400)
+        return reply
+    primary.feed(reply.first)
+    reply.stream = _Tapped(reply.stream, primary)
+    return reply
+
+
+def primary_failed(primary: TextCollector) -> None:
+    """The primary got no answer: its pairs are dropped."""
+    assert isinstance(primary, _PrimaryText)
+    primary.end(False)
+
+
+class _Tapped:
+    """The primary's stream, read as it goes to the client. A class, not a generator: its
+    ``aclose`` must close the relay's stream (and so the lease) even if never iterated."""
+
+    __slots__ = ("stream", "primary")
+
+    def __init__(self, stream: AsyncIterator[bytes], primary: _PrimaryText) -> None:
+        self.stream = stream
+        self.primary = primary
+
+    def __aiter__(self) -> "_Tapped":
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self.stream.__anext__()
+        except StopAsyncIteration:
+            self.primary.end(True)
+            raise
+        except BaseException:
+            self.primary.end(False)
+            raise
+        self.primary.feed(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        self.primary.end(False)  # no-op once the stream ended
+        await self.stream.aclose()  # type: ignore[attr-defined]

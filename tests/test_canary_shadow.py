@@ -1,0 +1,281 @@
+"""Shadow traffic and output agreement, over real processes: a gateway in front of simulated
+replicas, driven by the real openai and text-generation clients. Every primary request has
+its twin on each shadow pool (the engines' own counters prove it), the client only sees the
+primary, both pools' ledgers end at 0, a shadow pool that is down or slow fails no primary
+request, and agreement is 100% between engines with the same text model and 0% against one
+that generates different text (``--text-seed``)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+from text_generation import Client as TGIClient
+
+from gateway.canary.agreement import TextCollector, is_greedy
+from gateway.protocol.errors import Api
+from gateway.protocol.request import GenerationRequest
+from support import free_port, gateway_server, sim
+
+MODEL = "sim-model"
+TOKEN = "shadow-admin-token"
+PACED = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "2")
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
+        time.sleep(0.05)
+
+
+def engine_successes(url: str) -> float:
+    """Requests the simulated vLLM engine finished, from its own /metrics."""
+    text = httpx.get(url + "/metrics").text
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)",
+                                            text, re.M))
+
+
+def series(url: str, name: str, **labels: str) -> float:
+    """Sum of a gateway metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def ledger(url: str) -> dict[str, float]:
+    """Outstanding tokens + in-flight requests per replica, as the gateway's ledger holds them."""
+    out: dict[str, float] = {}
+    text = httpx.get(url + "/metrics").text
+    for name in ("llm_gateway_replica_outstanding_tokens", "llm_gateway_replica_in_flight_requests"):
+        for replica, value in re.findall(rf'^{name}\{{[^}}]*replica="([^"]+)"[^}}]*\}} (\S+)',
+                                         text, re.M):
+            out[replica] = out.get(replica, 0.0) + float(value)
+    return out
+
+
+def report(url: str) -> dict:
+    response = httpx.get(f"{url}/admin/canary/{MODEL}/disagreements", headers=AUTH)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _ended(pool: dict) -> int:
+    return pool["compared"] + sum(pool["dropped"].values()) if pool else 0
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir: Path) -> Iterator[dict[str, str]]:
+    tok = ("--tokenizer", str(model_dir))
+    with sim("vllm", MODEL, 4096, *tok, *PACED) as stable, \
+            sim("vllm", MODEL, 4096, *tok, *PACED) as same, \
+            sim("vllm", MODEL, 4096, *tok, *PACED, "--text-seed", "7") as other:
+        yield {"stable": stable, "same": same, "other": other}
+
+
+@pytest.fixture(scope="module")
+def shadowed(engines, model_dir: Path, tmp_path_factory) -> Iterator[str]:
+    """stable takes the traffic; `same` (same text) and `other` (--text-seed 7) shadow all of it."""
+    config = {"models": [{"name": MODEL, "tokenizer": str(model_dir), "pools": [
+        {"name": "stable", "replicas": [{"url": engines["stable"], "name": "stable-1"}]},
+        {"name": "same", "shadow_of": "stable", "sample": 1.0,
+         "replicas": [{"url": engines["same"], "name": "same-1"}]},
+        {"name": "other", "shadow_of": "stable", "sample": 1.0,
+         "replicas": [{"url": engines["other"], "name": "other-1"}]}]}],
+        "health": {"interval": 0.5}, "admin_token": TOKEN}
+    with gateway_server(tmp_path_factory.mktemp("shadow"), config) as (url, _):
+        yield url
+
+
+def _traffic(url: str) -> list[str]:
+    """One request of each shape through real clients; returns the texts the client got."""
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    tgi = TGIClient(url, timeout=30)
+    texts = []
+    for i in range(3):
+        prompt = f"Tell me about shadows, take {i}"
+        texts.append(oai.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                            temperature=0).choices[0].text)
+        texts.append("".join(c.choices[0].text for c in oai.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True)))
+        messages = [{"role": "user", "content": prompt}]
+        texts.append(oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                                 temperature=0).choices[0].message.content)
+        texts.append("".join(c.choices[0].delta.content or "" for c in
+                             oai.chat.completions.create(model=MODEL, messages=messages,
+                                                         max_tokens=8, stream=True)
+                             if c.choices))
+        texts.append(tgi.generate(prompt, max_new_tokens=8).generated_text)
+        texts.append("".join(r.token.text for r in tgi.generate_stream(prompt, max_new_tokens=8)
+                             if not r.token.special))
+    return texts
+
+
+PER_ROUND = 6  # requests _traffic sends per take
+TAKES = 3
+
+
+def test_every_primary_has_its_twin_and_agreement_is_measured(shadowed, engines) -> None:
+    before = {name: engine_successes(url) for name, url in engines.items()}
+    texts = _traffic(shadowed)
+    sent = PER_ROUND * TAKES
+    assert len(texts) == sent and all(texts)
+    wait_for(lambda: all(_ended(report(shadowed)["pools"].get(p, {})) == sent
+                         for p in ("same", "other")))
+    # The engines' own counters: every request reached stable and both shadows once.
+    after = {name: engine_successes(url) for name, url in engines.items()}
+    assert {name: after[name] - before[name] for name in engines} == {
+        "stable": sent, "same": sent, "other": sent}
+    pools = report(shadowed)["pools"]
+    assert pools["same"]["compared"] == sent and pools["same"]["agreement"] == 1.0
+    assert pools["same"]["greedy_compared"] == pools["same"]["greedy_agreed"] > 0
+    assert pools["other"]["compared"] == sent and pools["other"]["agreed"] == 0
+    assert pools["other"]["greedy_agreed"] == 0 and pools["other"]["greedy_compared"] > 0
+    # The ring: newest first, the prompt as a hash, both outputs (truncated) to compare.
+    ring = report(shadowed)["disagreements"]
+    assert ring and all(d["shadow_pool"] == "other" and d["baseline_pool"] == "stable"
+                        for d in ring)
+    assert all(len(d["prompt_sha256"]) == 16 and d["primary"] != d["shadow"] for d in ring)
+    assert ring[0]["primary"] in texts or any(ring[0]["primary"] in t for t in texts)
+    # Metrics: the shadow copies are labelled, and counted on their own pools.
+    assert series(shadowed, "llm_gateway_requests_total", pool="same", role="shadow",
+                  status="2xx") >= sent
+    assert series(shadowed, "llm_gateway_requests_total", role="shadow", pool="stable") == 0
+    assert series(shadowed, "llm_gateway_shadow_pairs_total", pool="other",
+                  result="disagreed") >= sent
+    assert series(shadowed, "llm_gateway_shadow_pairs_total", pool="same",
+                  result="disagreed") == 0
+    wait_for(lambda: not any(ledger(shadowed).values()), timeout=10)
+    assert set(ledger(shadowed)) == {"stable-1", "same-1", "other-1"}
+
+
+def test_disagreements_endpoint_errors(shadowed) -> None:
+    assert httpx.get(f"{shadowed}/admin/canary/{MODEL}/disagreements").status_code == 401
+    assert httpx.get(f"{shadowed}/admin/canary/nope/disagreements",
+                     headers=AUTH).status_code == 404
+
+
+def test_shadow_pool_has_no_weight_and_can_be_forced(shadowed) -> None:
+    put = httpx.put(f"{shadowed}/admin/models/{MODEL}/pools/same", json={"weight": 5},
+                    headers=AUTH)
+    assert put.status_code == 409 and "no primary traffic" in put.text
+    pools = httpx.get(f"{shadowed}/admin/models", headers=AUTH).json()["models"][0]["pools"]
+    assert {p["pool"]: (p["weight"], p["shadow_of"]) for p in pools} == {
+        "stable": (100.0, None), "same": (0.0, "stable"), "other": (0.0, "stable")}
+    forced = httpx.post(shadowed + "/v1/completions", headers={"x-gateway-pool": "other"},
+                        json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert forced.status_code == 200 and forced.headers["x-gateway-pool"] == "other"
+
+
+def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with sim("vllm", MODEL, 4096, *PACED) as stable, \
+            sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "1500",
+                "--itl-ms", "50") as slow, \
+            sim("vllm", MODEL, 4096, *PACED, "--error-rate", "1.0") as failing:
+        config = {"models": [{"name": MODEL, "pools": [
+            {"name": "stable", "replicas": [{"url": stable, "name": "stable-1"}]},
+            {"name": "down", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": dead, "name": "down-1"}]},
+            # Answers every request with a 500: copies fail, but never eject it.
+            {"name": "failing", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": failing, "name": "failing-1"}]},
+            {"name": "slow", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": slow, "name": "slow-1"}]}]}],
+            "health": {"interval": 0.5}, "admin_token": TOKEN,
+            "outlier": {"consecutive_failures": 1},
+            "canary": {"max_shadow_in_flight": 4}}
+        with gateway_server(tmp_path, config) as (url, _):
+            before = engine_successes(stable)
+            oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            for i in range(12):
+                stream = i % 2 == 0
+                answer = oai.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=4,
+                                                stream=stream)
+                text = ("".join(c.choices[0].text for c in answer) if stream
+                        else answer.choices[0].text)
+                assert text
+            assert engine_successes(stable) - before == 12
+            # The primary's figures: every request 2xx, none retried, rejected or ejected.
+            assert series(url, "llm_gateway_requests_total", role="primary", status="2xx") == 12
+            assert series(url, "llm_gateway_requests_total", role="primary", status="5xx") == 0
+            assert series(url, "llm_gateway_retries_total") == 0
+            assert series(url, "llm_gateway_rejections_total") == 0
+            replicas = httpx.get(url + "/admin/replicas", headers=AUTH).json()["replicas"]
+            states = {r["name"]: r["state"] for r in replicas}
+            assert states["stable-1"] == "healthy"
+            # Shadow failures eject nothing (outlier.consecutive_failures is 1 here) and are
+            # the shadow's own: 5xx under role="shadow", never retried.
+            assert states["failing-1"] == "healthy"
+            assert series(url, "llm_gateway_requests_total", pool="failing", role="shadow",
+                          status="5xx") > 0
+            # The shadows: the slow pool held the in-flight limit, so copies were skipped.
+            assert series(url, "llm_gateway_shadow_skipped_total", reason="in_flight_limit") > 0
+            wait_for(lambda: not any(ledger(url).values()), timeout=30)
+            pools = report(url)["pools"]
+            assert pools["down"]["compared"] == 0 and pools["down"]["dropped"]["shadow_failed"] > 0
+            assert pools["failing"]["compared"] == 0
+            assert pools["failing"]["dropped"]["shadow_failed"] > 0
+
+
+def test_text_collector_reads_every_shape() -> None:
+    openai_stream = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+                     b'\n\ndata: {"choices":[{"index":0,"delta":{"content":" a"}}]}\n\n'
+                     b'data: {"choices":[{"index":0,"del')
+    collector = TextCollector(Api.OPENAI, 100)
+    collector.feed(openai_stream)
+    collector.feed(b'ta":{"content":" b"}}]}\n\ndata: [DONE]\n\n')
+    assert collector.text == " a b" and not collector.failed
+    tgi = TextCollector(Api.TGI, 100)
+    tgi.feed(b'data:{"token":{"text":" x","special":false},"generated_text":null}\n\n'
+             b'data:{"token":{"text":"</s>","special":true},"generated_text":" x"}\n\n')
+    assert tgi.text == " x"
+    broken = TextCollector(Api.OPENAI, 100)
+    broken.feed(b'data: {"error": {"message": "boom"}}\n\n')
+    assert broken.failed
+    long = TextCollector(Api.OPENAI, 3)
+    long.body(b'{"choices":[{"index":0,"text":"four"}]}')
+    assert long.too_long and long.text == ""
+
+
+def _req(api: Api, body: dict) -> GenerationRequest:
+    return GenerationRequest(api, "/", body, b"", MODEL, False, 1)
+
+
+def test_greedy_rule() -> None:
+    assert is_greedy(_req(Api.OPENAI, {"temperature": 0}))
+    assert not is_greedy(_req(Api.OPENAI, {}))
+    assert is_greedy(_req(Api.TGI, {"parameters": {"max_new_tokens": 3}}))
+    assert not is_greedy(_req(Api.TGI, {"parameters": {"do_sample": True}}))
+    assert not is_greedy(_req(Api.TGI, {"parameters": {"temperature": 0.5}}))
+
+
+def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
+    """The session's requests keep their stable replica: the balancer never records a copy's
+    shadow replica as the session's last one."""
+    config = {"models": [{"name": MODEL, "pools": [
+        {"name": "stable", "replicas": [{"url": engines["stable"], "name": "stable-a"},
+                                        {"url": engines["same"], "name": "stable-b"}]},
+        {"name": "copy", "shadow_of": "stable", "sample": 1.0,
+         "replicas": [{"url": engines["other"], "name": "copy-1"}]}]}],
+        "health": {"interval": 0.5}, "admin_token": TOKEN}
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        for session in ("s-1", "s-2"):
+            served = set()
+            for i in range(10):
+                response = client.post(url + "/v1/completions", headers={"x-session-id": session},
+                                       json={"model": MODEL, "prompt": f"{i} {session} question",
+                                             "max_tokens": 2})
+                assert response.status_code == 200
+                served.add(response.headers["x-gateway-replica"])
+                time.sleep(0.05)  # the copy has been placed by now
+            assert len(served) == 1, (session, served)
+        wait_for(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20)

@@ -1,0 +1,239 @@
+"""Canary splits: sticky by key (weighted rendezvous hashing), forced pools, weights changed
+at run time and shared through Redis. Unit tests of the split, then real gateways in front
+of simulated replicas."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+from text_generation import Client as TGIClient
+from text_generation.errors import ValidationError as TGIValidationError
+
+from gateway.canary.split import PoolSplit, rendezvous, sticky_key
+from gateway.config import ConfigError, load_settings
+from gateway.fleet.model import Pool
+from gateway.fleet.replica import Replica
+from gateway.protocol.errors import Api
+from gateway.protocol.request import Caller, GenerationRequest
+from redis_support import SHARED_URL, shared_prefix
+from support import gateway_server, sim
+
+MODEL = "sim-model"
+TOKEN = "canary-admin-token"
+FAST = ("--profile", "instant")
+
+
+# --- the split itself ---
+
+def _pools(stable: float, canary: float) -> list[Pool]:
+    return [Pool("stable", stable, [Replica("s1", "http://s1", "vllm", MODEL, "stable")]),
+            Pool("canary", canary, [Replica("c1", "http://c1", "vllm", MODEL, "canary")])]
+
+
+KEYS = [f"session-{i}" for i in range(1000)]
+
+
+def test_thousand_keys_split_by_weight() -> None:
+    pools = _pools(90, 10)
+    canary = sum(rendezvous(pools, key).name == "canary" for key in KEYS)
+    assert 70 <= canary <= 130, canary  # 10% of 1,000, within 3 points
+
+
+def test_weight_change_moves_keys_only_into_the_canary() -> None:
+    pools = _pools(90, 10)
+    before = {key: rendezvous(pools, key).name for key in KEYS}
+    pools[0].weight, pools[1].weight = 80, 20
+    after = {key: rendezvous(pools, key).name for key in KEYS}
+    moved = [key for key in KEYS if before[key] != after[key]]
+    assert moved and all(before[k] == "stable" and after[k] == "canary" for k in moved)
+    assert 170 <= sum(p == "canary" for p in after.values()) <= 230
+    pools[1].weight = 0  # rolled back: every key home
+    assert all(rendezvous(pools, key).name == "stable" for key in KEYS)
+
+
+def test_sticky_pool_without_eligible_replica_falls_back() -> None:
+    pools = _pools(50, 50)
+    split = PoolSplit(rng=random.Random(1))
+    home = {key: rendezvous(pools, key) for key in KEYS[:50]}
+    only_stable = {id(pools[0].replicas[0])}
+    for key, pool in home.items():
+        assert split.pick(pools, {id(r) for p in pools for r in p.replicas}, key) is pool
+        assert split.pick(pools, only_stable, key) is pools[0]
+
+
+def test_no_key_draws_by_weight() -> None:
+    pools = _pools(90, 10)
+    split = PoolSplit(rng=random.Random(7))
+    eligible = {id(r) for p in pools for r in p.replicas}
+    canary = sum(split.pick(pools, eligible, None).name == "canary" for _ in range(2000))
+    assert 140 <= canary <= 260, canary
+
+
+def _request(body: dict, session: str | None = None, caller: str | None = None) -> GenerationRequest:
+    return GenerationRequest(Api.OPENAI, "/v1/completions", body, b"", MODEL, False, 1,
+                             session=session, caller=Caller(caller) if caller else None)
+
+
+def test_sticky_key_order() -> None:
+    assert sticky_key(_request({"user": "u"}, session="s", caller="k")) == "s"
+    assert sticky_key(_request({"user": "u"}, caller="k")) == "u"
+    assert sticky_key(_request({"user": 5}, caller="k")) == "k"
+    assert sticky_key(_request({})) is None
+
+
+@pytest.mark.parametrize("pools, message", [
+    ([{"name": "a"}, {"name": "b", "shadow_of": "nope"}], "is not another pool"),
+    ([{"name": "a"}, {"name": "b", "shadow_of": "b"}], "is not another pool"),
+    ([{"name": "a"}, {"name": "b", "shadow_of": "a"}, {"name": "c", "shadow_of": "b"}],
+     "no chains"),
+    ([{"name": "a"}, {"name": "b", "shadow_of": "a", "sample": 1.5}], "sample"),
+])
+def test_shadow_config_is_validated(pools: list[dict], message: str) -> None:
+    replicas = [{"url": "http://127.0.0.1:9"}]
+    config = [{"name": MODEL, "pools": [{**p, "replicas": replicas} for p in pools]}]
+    with pytest.raises(ConfigError, match=message):
+        load_settings(models=config)
+
+
+# --- real gateways ---
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[tuple[str, str]]:
+    with sim("vllm", MODEL, 4096, *FAST) as stable, sim("vllm", MODEL, 4096, *FAST) as canary:
+        yield stable, canary
+
+
+def _config(replicas: tuple[str, str], **settings: object) -> dict:
+    stable, canary = replicas
+    return {"models": [{"name": MODEL, "pools": [
+        {"name": "stable", "weight": 90, "replicas": [{"url": stable, "name": "stable-1"}]},
+        {"name": "canary", "weight": 10, "replicas": [{"url": canary, "name": "canary-1"}]}]}],
+        "health": {"interval": 0.5}, "admin_token": TOKEN, **settings}
+
+
+@pytest.fixture(scope="module")
+def two_gateways(replicas, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """Two instances sharing one Redis (a key prefix of their own), weights 90/10."""
+    tmp = tmp_path_factory.mktemp("split")
+    with shared_prefix() as prefix:
+        config = _config(replicas, redis_url=SHARED_URL, redis_key_prefix=prefix,
+                         canary={"weights_sync_interval": 0.2})
+        with gateway_server(tmp, config) as (a, _), gateway_server(tmp, config) as (b, _):
+            yield a, b
+
+
+def _pool_of(client: httpx.Client, url: str, headers: dict | None = None,
+             body: dict | None = None) -> str:
+    response = client.post(url + "/v1/completions", headers=headers or {}, json={
+        "model": MODEL, "prompt": "hello", "max_tokens": 1, **(body or {})})
+    assert response.status_code == 200, response.text
+    return response.headers["x-gateway-pool"]
+
+
+def _weights(url: str) -> dict[str, float]:
+    models = httpx.get(url + "/admin/models", headers={"authorization": f"Bearer {TOKEN}"}).json()
+    return {p["pool"]: p["weight"] for p in models["models"][0]["pools"]}
+
+
+def _set_weight(url: str, pool: str, weight: float) -> httpx.Response:
+    return httpx.put(f"{url}/admin/models/{MODEL}/pools/{pool}", json={"weight": weight},
+                     headers={"authorization": f"Bearer {TOKEN}"})
+
+
+def _wait_weights(url: str, expected: dict[str, float], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _weights(url) != expected:
+        assert time.monotonic() < deadline, f"{url} weights {_weights(url)} != {expected}"
+        time.sleep(0.05)
+
+
+def test_thousand_sessions_split_90_10_through_the_gateway(two_gateways) -> None:
+    a, _ = two_gateways
+    with httpx.Client(timeout=10) as client:
+        pools = [_pool_of(client, a, {"x-session-id": key}) for key in KEYS]
+    canary = pools.count("canary")
+    assert 70 <= canary <= 130, canary
+    assert canary == sum(rendezvous(_pools(90, 10), key).name == "canary" for key in KEYS)
+
+
+def test_key_stays_in_its_pool_over_requests_and_instances(two_gateways) -> None:
+    a, b = two_gateways
+    keys = [f"sticky-{i}" for i in range(40)]
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+               for url in (a, b)]
+    with httpx.Client(timeout=10) as client:
+        for key in keys:
+            seen = {_pool_of(client, (a, b)[i % 2], {"x-session-id": key}) for i in range(10)}
+            for oai in clients:  # the OpenAI `user` field, from the real client
+                raw = oai.completions.with_raw_response.create(model=MODEL, prompt="hi",
+                                                               max_tokens=1, user=key)
+                seen.add(raw.headers["x-gateway-pool"])
+            assert len(seen) == 1, (key, seen)
+        homes = {_pool_of(client, a, {"x-session-id": key}) for key in keys}
+    assert homes == {"stable", "canary"}  # both pools hold some of the 40 keys
+
+
+def test_runtime_weight_is_shared_and_moves_keys_only_into_the_canary(two_gateways) -> None:
+    a, b = two_gateways
+    keys = [f"move-{i}" for i in range(300)]
+    with httpx.Client(timeout=10) as client:
+        before = {key: _pool_of(client, b, {"x-session-id": key}) for key in keys}
+        try:
+            assert _set_weight(a, "stable", 80).status_code == 200
+            assert _set_weight(a, "canary", 20).status_code == 200
+            _wait_weights(b, {"stable": 80, "canary": 20})  # set on A, adopted by B
+            after = {key: _pool_of(client, b, {"x-session-id": key}) for key in keys}
+            metrics = httpx.get(b + "/metrics").text
+            assert re.search(r'llm_gateway_pool_weight\{model="sim-model",pool="canary"\} 20\.0',
+                             metrics)
+        finally:
+            _set_weight(a, "stable", 90)
+            _set_weight(a, "canary", 10)
+        _wait_weights(b, {"stable": 90, "canary": 10})
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved and all(before[k] == "stable" and after[k] == "canary" for k in moved)
+    assert list(after.values()).count("canary") > list(before.values()).count("canary")
+
+
+def test_admin_weight_errors(two_gateways) -> None:
+    a, _ = two_gateways
+    assert _set_weight(a, "nope", 5).status_code == 404
+    assert _set_weight(a, "canary", -1).status_code == 422
+    assert httpx.put(f"{a}/admin/models/{MODEL}/pools/canary", json={"weight": 5}).status_code == 401
+    assert _weights(a) == {"stable": 90, "canary": 10}
+
+
+def test_forced_pool_and_unknown_pool(two_gateways) -> None:
+    a, _ = two_gateways
+    with httpx.Client(timeout=10) as client:
+        for key in KEYS[:30]:
+            assert _pool_of(client, a, {"x-session-id": key, "x-gateway-pool": "canary"}) == "canary"
+    oai = openai.OpenAI(base_url=a + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model=MODEL, prompt="hi", max_tokens=1,
+                               extra_headers={"x-gateway-pool": "nope"})
+    assert caught.value.status_code == 400
+    assert "no pool named `nope`" in caught.value.message
+    assert caught.value.body["type"] == "invalid_request_error"
+    tgi = TGIClient(a, headers={"x-gateway-pool": "nope"}, timeout=10)
+    with pytest.raises(TGIValidationError, match="no pool named `nope`"):
+        tgi.generate("hi", max_new_tokens=1)
+    raw = httpx.post(a + "/generate", headers={"x-gateway-pool": "x" * 5000},
+                     json={"inputs": "hi", "parameters": {"max_new_tokens": 1}})
+    assert raw.status_code == 400 and raw.json()["error_type"] == "validation"
+    assert TGIClient(a, headers={"x-gateway-pool": "stable"}).generate(
+        "hi", max_new_tokens=1).generated_text
+
+
+def test_pool_header_can_be_disabled(replicas, tmp_path) -> None:
+    config = _config(replicas, canary={"allow_pool_header": False})
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        key = next(k for k in KEYS if rendezvous(_pools(90, 10), k).name == "stable")
+        assert _pool_of(client, url, {"x-session-id": key, "x-gateway-pool": "canary"}) == "stable"
+        assert _pool_of(client, url, {"x-gateway-pool": "nope"}) in ("stable", "canary")
