@@ -4,6 +4,7 @@ grant's settlement, the headers' format, the config's checks."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -135,3 +136,49 @@ def test_config_errors_name_the_key(auth: dict, words: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(None, models=[{"name": "m", "replicas": [{"url": "http://x"}]}], auth=auth)
     assert words in str(caught.value)
+
+
+def test_redis_down_fails_open_or_closed_with_one_log_line_per_transition(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from redis_support import SHARED_URL, delete_prefix, unique_prefix
+
+    from gateway.access.errors import LimitsUnavailable
+    from gateway.access.redis_limits import RedisLimiter
+    from gateway.shared.keys import SharedKeys
+    from gateway.shared.sync import connect
+    from support import free_port
+
+    prefix = unique_prefix()
+    key = api_key(tokens_per_minute=1000)
+
+    async def scenario() -> list[str]:
+        dead = connect(f"redis://127.0.0.1:{free_port()}/0", 0.5)
+        live = connect(SHARED_URL, 0.5)
+        limiter = RedisLimiter(dead, SharedKeys(prefix), 60.0, 60.0, "test")
+        whys = []
+        for _ in range(3):  # down: this instance's own buckets
+            limiter._retry_at = 0.0  # try Redis every time, not once per 0.5 s
+            outcome = await limiter.acquire(key, 400)
+            whys.append(outcome.why)
+        limiter.redis, limiter._retry_at = live, 0.0
+        for _ in range(2):  # back: the shared bucket (a fresh one: full)
+            outcome = await limiter.acquire(key, 400)
+            whys.append(outcome.why)
+            limiter.release(key, outcome.lease, 400)
+        await limiter.close()
+        limiter.fail_closed, limiter.redis, limiter._retry_at = True, dead, 0.0
+        with pytest.raises(LimitsUnavailable):
+            await limiter.acquire(key, 1)
+        await dead.aclose()
+        await live.aclose()
+        return whys
+
+    caplog.set_level(logging.WARNING, logger="gateway.access.redis_limits")
+    try:
+        whys = asyncio.run(scenario())
+    finally:
+        delete_prefix(SHARED_URL, prefix)
+    assert whys == ["", "", "tokens", "", ""]  # local: 1000 -> 600 -> 200 -> refused
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines  # down, back, down (fail closed)
+    assert "unreachable" in lines[0] and "back" in lines[1] and "fail_closed" in lines[2]
