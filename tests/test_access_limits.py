@@ -185,6 +185,9 @@ def test_redis_killed_mid_run_fails_no_request_and_the_limit_resumes(
     assert not run.failures, run.failures[:5]  # nothing but 429s, in or out of the outage
     assert "llm_gateway_access_limits_shared_up 0.0" in seen["down"]
     assert "llm_gateway_access_limits_shared_up 1.0" in seen["back"]
+    timeline = [run.used_between(run.started + i, run.started + i + 1) for i in range(15)]
+    print(f"tokens served per second: {timeline}; Redis down at "
+          f"{phases['down'] - run.started:.1f}s, back at {phases['back'] - run.started:.1f}s")
     served_down = run.used_between(phases["down"], phases["back"])
     assert served_down > 0  # fail open: served during the outage
     # Back: a fresh Redis starts with a full bucket; from then on the combined rate holds
