@@ -12,6 +12,8 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
@@ -237,3 +239,25 @@ def test_pool_header_can_be_disabled(replicas, tmp_path) -> None:
         key = next(k for k in KEYS if rendezvous(_pools(90, 10), k).name == "stable")
         assert _pool_of(client, url, {"x-session-id": key, "x-gateway-pool": "canary"}) == "stable"
         assert _pool_of(client, url, {"x-gateway-pool": "nope"}) in ("stable", "canary")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Any value a header may carry (visible ASCII and spaces: the HTTP parser itself refuses
+# control characters with its own 400, before the gateway sees the request).
+@given(value=st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1,
+                     max_size=300).map(str.encode),
+       route=st.sampled_from(["/v1/completions", "/generate"]))
+def test_any_pool_header_is_a_pool_or_a_clean_400(two_gateways, value: bytes, route: str) -> None:
+    a, _ = two_gateways
+    body = ({"model": MODEL, "prompt": "hi", "max_tokens": 1} if route == "/v1/completions"
+            else {"inputs": "hi", "parameters": {"max_new_tokens": 1}})
+    try:
+        response = httpx.post(a + route, json=body, headers=[(b"x-gateway-pool", value)])
+    except httpx.LocalProtocolError:
+        return  # a value the client itself refuses to send
+    if value.strip() in (b"stable", b"canary", b""):  # a pool, or no header at all
+        assert response.status_code == 200
+        return
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "no pool named" in (error["message"] if route == "/v1/completions" else error)
