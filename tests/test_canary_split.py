@@ -261,3 +261,45 @@ def test_any_pool_header_is_a_pool_or_a_clean_400(two_gateways, value: bytes, ro
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert "no pool named" in (error["message"] if route == "/v1/completions" else error)
+
+
+async def test_weight_set_while_redis_is_away_is_published_when_it_is_back() -> None:
+    """Fail-open: a weight set while Redis cannot be reached applies here at once, stays
+    pending, and reaches Redis (and so the other instances) at the first good round; a weight
+    another instance wrote is adopted; another configuration's pools are left alone."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway.canary.weights import PoolWeights
+    from gateway.fleet.model import ServedModel
+    from gateway.shared.keys import SharedKeys
+    from gateway.shared.sync import connect
+    from support import free_port
+
+    model = ServedModel(MODEL, _pools(90, 10), None, None, 16)
+    seen: list[tuple[str, str, float]] = []
+    weights = PoolWeights({MODEL: model}, on_change=lambda m, p, w: seen.append((m, p, w)))
+    with shared_prefix() as prefix:
+        keys = SharedKeys(prefix)
+        away = connect(f"redis://127.0.0.1:{free_port()}/0", 0.5)
+        weights.share(away, keys, 0.2)
+        weights.set_weight(MODEL, "canary", 0)
+        assert model.pools[1].weight == 0 and seen[-1] == (MODEL, "canary", 0)
+        with pytest.raises(RedisConnectionError):
+            await weights.sync()
+        await away.aclose()
+        redis: Redis = connect(SHARED_URL, 2.0)
+        try:
+            weights.share(redis, keys, 0.2)
+            await redis.hset(keys.canary_weights, mapping={f"{MODEL}\tstable": "70",
+                                                           "other-model\tx": "5"})
+            await weights.sync()
+            assert await redis.hgetall(keys.canary_weights) == {
+                f"{MODEL}\tcanary": "0", f"{MODEL}\tstable": "70", "other-model\tx": "5"}
+            assert [p.weight for p in model.pools] == [70, 0]
+        finally:
+            await redis.aclose()
+    with pytest.raises(KeyError):
+        weights.set_weight(MODEL, "nope", 1)
+    with pytest.raises(ValueError):
+        weights.set_weight(MODEL, "canary", float("nan"))
