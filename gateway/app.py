@@ -17,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.api import admin, ops, openai_models, tgi_info
+from gateway.access.control import AccessControl
+from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.policy import make_policy
@@ -76,6 +77,8 @@ class Gateway:
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
         self.metrics.start_at_zero(self.models)
+        # API keys and limits (off without `auth`; shared through Redis with redis_url).
+        self.access = AccessControl.from_settings(settings)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -118,6 +121,7 @@ class Gateway:
             self.weights.share(self.shared.redis, SharedKeys(self.settings.redis_key_prefix),
                                self.settings.canary.weights_sync_interval)
             self._tasks.append(asyncio.create_task(self.weights.run(), name="pool-weights"))
+        await self.access.start(self.metrics)
         if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
             self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),
                                                    name="metrics-publish"))
@@ -179,6 +183,7 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shared is not None:
             await self.shared.close()
+        await self.access.close()
         await self.session.close()
         await self.probe_session.close()
         self.metrics.close()
@@ -238,6 +243,7 @@ def create_app(settings: Settings) -> GatewayApp:
     app.include_router(tgi_info.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(admin_keys.router)
     return GatewayApp(app, endpoints)
 
 

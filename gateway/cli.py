@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "demo": ("gateway.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
     "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
+    "keys": ("gateway.access.cli", "make API key secrets and their sha256 for `auth.keys`"),
 }
 
 

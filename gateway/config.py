@@ -222,6 +222,56 @@ class DnsConfig(_Strict):
         return self
 
 
+KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a metric label value: kept plain
+
+
+class KeyLimits(_Strict):
+    """Per-key limits (README "API keys and limits"); unset = unlimited. The "minute" is
+    ``auth.window`` seconds (60 unless shortened, e.g. for tests)."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1, description="prompt + output tokens; a "
+                                          "request reserves prompt + max_tokens at admission, "
+                                          "settled to real usage when it ends")
+    concurrent_requests: int | None = Field(None, ge=1)
+
+
+class ApiKeyConfig(_Strict):
+    name: str = Field(pattern=KEY_NAME_PATTERN, description="the only part of a key that may "
+                      "become a metric label")
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="hex SHA-256 of the secret "
+                        "(`llm-gateway keys hash`)")
+    models: list[str] | None = Field(None, description="allowlist; unset = every model")
+    weight: float = Field(1.0, gt=0, le=1000, description="share under fair queueing")
+    limits: KeyLimits = KeyLimits()
+
+
+class AuthConfig(_Strict):
+    """API keys: with an ``auth`` section every generation request needs
+    ``Authorization: Bearer KEY``; without one, nothing changes."""
+
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+    window: float = Field(60.0, gt=0, le=3600, description="seconds of the limits' \"minute\"")
+    fail_closed: bool = Field(False, description="with redis_url: refuse limited keys' requests "
+                              "(503) while Redis is unreachable, instead of limiting each "
+                              "instance on its own")
+    ops_token: str | None = Field(None, min_length=1, description="bearer token for /health, "
+                                  "/ready and /metrics; unset = open")
+    refresh_interval: float = Field(1.0, gt=0, le=60, description="with redis_url: seconds "
+                                    "between re-reads of admin-created keys (revocations are "
+                                    "also announced at once on pub/sub)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "AuthConfig":
+        names = [k.name for k in self.keys]
+        if len(set(names)) != len(names):
+            raise ValueError(f"key names must be unique, got {names}")
+        hashes = [k.sha256.lower() for k in self.keys]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("two keys have the same sha256 (the same secret)")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -255,6 +305,8 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, description="bearer token of /admin; unset = off")
     metrics: bool = Field(True, description="false: no Prometheus metrics (/metrics is empty)")
     dns: DnsConfig = DnsConfig()
+    auth: AuthConfig | None = Field(None, description="API keys and per-key limits; unset = "
+                                    "open, as without keys")
     canary: CanaryConfig = CanaryConfig()
 
     @model_validator(mode="after")
@@ -267,6 +319,10 @@ class Settings(BaseSettings):
         from gateway.balance.policy import POLICIES
         if self.balancer not in POLICIES:
             raise ValueError(f"balancer {self.balancer!r} is not one of {sorted(POLICIES)}")
+        for key in self.auth.keys if self.auth else ():
+            unknown = sorted(set(key.models or ()) - set(names))
+            if unknown:
+                raise ValueError(f"key {key.name!r} allows unknown models {unknown}")
         return self
 
     @model_validator(mode="after")

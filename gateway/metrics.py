@@ -60,7 +60,7 @@ STATUS_CLASSES = ("2xx", "4xx", "5xx")
 RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 # Started at 0 (with the label values from configuration); see the module docstring.
 REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
-                     "overloaded", "draining")
+                     "overloaded", "draining", "unauthorized", "forbidden", "rate_limited")
 UPSTREAM_ERROR_KINDS = ("connect", "transport", "timeout", "http_4xx", "http_5xx",
                         "stream_timeout", "stream_broken")
 
@@ -420,6 +420,20 @@ class SharedStateMetrics:
             "llm_gateway_shared_view_in_flight_requests",
             "Fleet-wide in-flight requests of the replica as this instance's balancer sees them.",
             ("replica",), multiprocess_mode="livemostrecent", registry=registry)
+
+
+class AccessMetrics:
+    """API key limits shared through Redis (``auth`` and ``redis_url`` set)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.shared_up = Gauge("llm_gateway_access_limits_shared_up",
+                               "1 while API key limits are checked in Redis (shared by every "
+                               "instance); 0 while Redis is unreachable (each instance limits "
+                               "on its own, or refuses with auth.fail_closed).",
+                               multiprocess_mode="livemin", registry=registry)
+        self.shared_failures = Counter("llm_gateway_access_limits_shared_failures",
+                                       "Admissions or settlements of API key limits that Redis "
+                                       "did not answer.", registry=registry)
 
 
 class CanaryMetrics:

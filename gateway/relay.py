@@ -58,6 +58,7 @@ class Reply:
     body: bytes = b""
     first: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+    usage: Usage | None = None  # the engine's count, known once the body or stream is done
 
 
 def upstream_body(request: GenerationRequest) -> bytes:
@@ -164,9 +165,10 @@ class Relay:
                                   arrival, translation)
         reader: StreamReader = (translation.reader() if translation is not None else _EventReader(
             request.api, strip_usage=request.api is Api.OPENAI and not request.wants_usage))
-        stream = self._stream(request, placement, meter, response, arrival, reader)
-        first = await stream.__anext__()  # raises (retryable) if the replica fails first
-        return Reply(response.status, reply_headers, first=first, stream=stream)
+        reply = Reply(response.status, reply_headers)
+        reply.stream = self._stream(request, placement, meter, response, arrival, reader, reply)
+        reply.first = await reply.stream.__anext__()  # raises (retryable) if it fails first
+        return reply
 
     # A shadow copy (canary) never ejects a replica nor clears its failures: its outcome
     # must not change how the primary traffic is served.
@@ -203,7 +205,7 @@ class Relay:
                 raise
             self._succeeded(placement.replica, request)
             self._account(meter, usage, arrival, None, None, status=response.status)
-            return Reply(response.status, headers + extra, body=body)
+            return Reply(response.status, headers + extra, body=body, usage=usage)
         self._succeeded(placement.replica, request)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
@@ -217,7 +219,7 @@ class Relay:
         if usage.prompt_tokens is None and prompt.isdigit():
             usage.prompt_tokens = int(prompt)
         self._account(meter, usage, arrival, None, None, status=response.status)
-        return Reply(response.status, headers, body=body)
+        return Reply(response.status, headers, body=body, usage=usage)
 
     def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
                  first_at: float | None, last_at: float | None, status: int) -> None:
@@ -236,7 +238,8 @@ class Relay:
 
     async def _stream(self, request: GenerationRequest, placement: Placement,
                       meter: RequestMetrics, response: aiohttp.ClientResponse,
-                      arrival: float, reader: StreamReader) -> AsyncIterator[bytes]:
+                      arrival: float, reader: StreamReader,
+                      reply: Reply) -> AsyncIterator[bytes]:
         api = request.api
         lease = placement.lease
         # iter_any: whatever is buffered, in one piece (waiting events are coalesced).
@@ -311,6 +314,7 @@ class Relay:
                 self._succeeded(placement.replica, request)
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
+            reply.usage = reader.usage
             self._account(meter, reader.usage, arrival, first_at, last_at, status)
             if response.content.at_eof():
                 response.release()  # back to the keep-alive pool

@@ -103,6 +103,7 @@ def test_configured_label_sets_start_at_zero_replicas_added_later_too() -> None:
         got = {(l["replica"], l["kind"]) for n, l, v in samples if n == name and v == 0}
         assert got == {(r, k) for r in ("r1", "r2") for k in kinds}
     # The fixed reasons are real ones: each is the reason of an error the gateway answers.
+    import gateway.access.errors  # noqa: F401 (401, 403, 429 of API keys)
     import gateway.api.generation  # noqa: F401 (its errors are subclasses too)
     from gateway.protocol.errors import GatewayError
 

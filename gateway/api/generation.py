@@ -69,15 +69,15 @@ class HeadersTooLarge(InvalidRequest):
     reason = "headers_too_large"
 
 
-def read_headers(scope: Scope) -> tuple[str, str | None, str | None]:
+def read_headers(scope: Scope) -> tuple[str, str | None, str | None, bytes | None]:
     """One pass over the headers: the request id (the client's ``x-request-id`` or a new one),
-    the client's session (``x-session-id``) and forced pool (``x-gateway-pool``); raises if
-    the header block is too big.
+    the client's session (``x-session-id``), forced pool (``x-gateway-pool``) and its
+    ``authorization``; raises if the header block is too big.
 
     uvicorn's httptools parser sets no limit of its own, so the check is made here, where
     the request is refused before anything is read or reserved.
     """
-    request_id = session = pool = None
+    request_id = session = pool = authorization = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -87,9 +87,11 @@ def read_headers(scope: Scope) -> tuple[str, str | None, str | None]:
             session = value.decode("latin-1")
         elif key == POOL_HEADER and value:  # too long names no pool: a 400 then
             pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
+        elif key == b"authorization":
+            authorization = value
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return request_id or uuid.uuid4().hex, session, pool
+    return request_id or uuid.uuid4().hex, session, pool, authorization
 
 
 async def send_body(send: Send, status: int, body: bytes,
@@ -102,8 +104,9 @@ async def send_body(send: Send, status: int, body: bytes,
 JSON = (b"content-type", b"application/json")
 
 
-async def send_error(send: Send, error: GatewayError, api: Api, request_id: str) -> None:
-    headers = [JSON, (b"x-request-id", request_id.encode())]
+async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
+                     extra: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006 - not mutated
+    headers = [JSON, (b"x-request-id", request_id.encode()), *extra]
     headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
     await send_body(send, error.status_for(api), error.body(api), headers)
 
@@ -150,7 +153,7 @@ class GenerationEndpoint:
         gateway = self.gateway
         request: GenerationRequest | None = None
         try:
-            request_id, session, pool = read_headers(scope)
+            request_id, session, pool, authorization = read_headers(scope)
         except HeadersTooLarge as error:
             await self._reject(send, error, None, uuid.uuid4().hex)
             return
@@ -159,11 +162,16 @@ class GenerationEndpoint:
             try:
                 if gateway.draining:
                     raise Draining()
+                key = gateway.access.authenticate(authorization)  # before the body: 401 early
                 async with asyncio.timeout(gateway.settings.client_body_timeout):
                     body = await read_body(receive)
                 request = self.parse(body)
                 request.session, request.pool = session, pool
                 model, admission = gateway.router.admit(request)
+                # The key's allowlist and limits; the grant is settled below, however it ends.
+                grant = await gateway.access.admit(key, request, model.name,
+                                                   admission.cost.prompt_tokens,
+                                                   admission.cost.output_tokens)
             except TimeoutError:
                 await self._reject(send, SlowClient(gateway.settings.client_body_timeout),
                                    request, request_id)
@@ -173,28 +181,34 @@ class GenerationEndpoint:
                 return
             except asyncio.CancelledError:
                 return  # the client left before sending its whole body
-            async with cancel_on_disconnect(receive):
-                try:
-                    reply = await self._forward(request, model, admission, arrival, request_id)
-                except GatewayError as error:
-                    if error.reason in _GATEWAY_REASONS:
-                        gateway.metrics.reject(model.name, self.api, error.reason)
-                    await send_error(send, error, self.api, request_id)
-                    return
-                if reply.stream is None:
-                    await send_body(send, reply.status, reply.body, reply.headers)
-                    return
-                try:
-                    await send({"type": "http.response.start", "status": reply.status,
-                                "headers": reply.headers})
-                    await send({"type": "http.response.body", "body": reply.first,
-                                "more_body": True})
-                    async for chunk in reply.stream:
-                        await send({"type": "http.response.body", "body": chunk,
+            reply: Reply | None = None
+            try:
+                async with cancel_on_disconnect(receive):
+                    try:
+                        reply = await self._forward(request, model, admission, arrival,
+                                                    request_id)
+                    except GatewayError as error:
+                        if error.reason in _GATEWAY_REASONS:
+                            gateway.metrics.reject(model.name, self.api, error.reason)
+                        await send_error(send, error, self.api, request_id, grant.headers)
+                        return
+                    headers = reply.headers + grant.headers if grant.headers else reply.headers
+                    if reply.stream is None:
+                        await send_body(send, reply.status, reply.body, headers)
+                        return
+                    try:
+                        await send({"type": "http.response.start", "status": reply.status,
+                                    "headers": headers})
+                        await send({"type": "http.response.body", "body": reply.first,
                                     "more_body": True})
-                    await send({"type": "http.response.body", "body": b""})
-                finally:
-                    await reply.stream.aclose()  # type: ignore[attr-defined]
+                        async for chunk in reply.stream:
+                            await send({"type": "http.response.body", "body": chunk,
+                                        "more_body": True})
+                        await send({"type": "http.response.body", "body": b""})
+                    finally:
+                        await reply.stream.aclose()  # type: ignore[attr-defined]
+            finally:
+                grant.settle(reply.usage if reply is not None else None)
         finally:
             gateway.active_requests -= 1
 

@@ -1,12 +1,30 @@
-"""Operations endpoints: liveness, readiness, Prometheus metrics."""
+"""Operations endpoints: liveness, readiness, Prometheus metrics.
+
+Open to probes and scrapers, also when API keys are on; ``auth.ops_token`` puts them behind
+a token of their own (never a client's API key).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import secrets
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-router = APIRouter()
+
+def _ops_token(request: Request) -> None:
+    auth = request.app.state.gateway.settings.auth
+    token = auth.ops_token if auth is not None else None
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(401, "ops token required (Authorization: Bearer ...)",
+                            headers={"www-authenticate": "Bearer"})
+
+
+router = APIRouter(dependencies=[Depends(_ops_token)])
 
 
 @router.get("/health")

@@ -23,8 +23,13 @@ key                                    type    what
                                                persists until undrained)
 ``{p}canary:weights``                  hash    ``"<model>\t<pool>"`` -> weight set at run
                                                time (admin API, canary guard); persists
-``{p}ratelimit:{scope}:{id}:{window}`` string  reserved: request/token counter of one
-                                               fixed window (INCRBY + EXPIRE)
+``{p}ratelimit:{key name}``            hash    an API key's buckets: requests and tokens
+                                               left and when (gateway/access/redis_limits)
+``{p}ratelimit:{key name}:leases``     zset    its requests in flight; score = lease expiry
+``{p}access:keys``                     hash    admin-created API keys: name -> JSON (sha256,
+                                               models, weight, limits; never the secret)
+``{p}access:events``                   pubsub  a key name, published when a key is created
+                                               or revoked (peers re-read at once)
 =====================================  ======  =========================================
 
 Pub/sub channels are not per database: gateways that share one Redis under different DB
@@ -70,7 +75,16 @@ class SharedKeys:
     def canary_weights(self) -> str:
         return f"{self.prefix}canary:weights"
 
-    # Reserved for features not built yet; named here so the layout stays in one place.
+    def rate_limit(self, key_name: str) -> str:
+        return f"{self.prefix}ratelimit:{key_name}"
 
-    def rate_limit(self, scope: str, identity: str, window: int) -> str:
-        return f"{self.prefix}ratelimit:{scope}:{identity}:{window}"
+    def rate_limit_leases(self, key_name: str) -> str:
+        return f"{self.prefix}ratelimit:{key_name}:leases"
+
+    @property
+    def access_keys(self) -> str:
+        return f"{self.prefix}access:keys"
+
+    @property
+    def access_events(self) -> str:
+        return f"{self.prefix}access:events"

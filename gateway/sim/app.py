@@ -48,6 +48,7 @@ class SimConfig:
     max_concurrent_requests: int = 128   # TGI's semaphore
     max_input_tokens: int | None = None  # TGI; default max_model_len - 1
     no_stream_usage: bool = False        # ignore stream_options.include_usage
+    eos_before_max: bool = False         # end at a natural length below max_tokens
     event_writes: bool = False           # one write per SSE event (as vLLM's generator yields)
     event_gap_s: float = 0.0             # with event_writes: pause between two writes
     tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
@@ -65,7 +66,8 @@ class SimApp:
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
         self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
-                             cfg.max_input_tokens or cfg.max_model_len - 1, cfg.text_seed)
+                             cfg.max_input_tokens or cfg.max_model_len - 1,
+                             eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed)
         self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
         eos_text = cfg.tokenizer.special_tokens.get("eos_token") or "</s>"
         eos_id = (cfg.tokenizer.tokenizer.token_to_id(eos_text) or 0) if eos_text else 0

@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the simulated clock X times faster than real time (default 1)")
     timing.add_argument("--mean-output-tokens", type=int,
                         help="mean output length when a request sets no max_tokens (profile default 128)")
+    timing.add_argument("--eos-before-max", action="store_true",
+                        help="end at a natural length (around --mean-output-tokens) even when "
+                             "max_tokens is set, which then only caps it, as with real models "
+                             "(default: exactly max_tokens)")
     timing.add_argument("--kv-capacity-tokens", type=int, help="override the KV-cache size in tokens")
     timing.add_argument("--max-running-seqs", type=int,
                         help="override the max running sequences (vLLM max_num_seqs, llama.cpp slots)")
@@ -147,6 +151,7 @@ def build_config(args: argparse.Namespace):
         prefix_cache=args.prefix_cache, faults=faults, vllm_flat_errors=args.vllm_flat_errors,
         tgi_sse_no_space=args.tgi_sse_no_space, max_concurrent_requests=args.max_concurrent_requests,
         max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
+        eos_before_max=args.eos_before_max,
         event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
         tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed)
 

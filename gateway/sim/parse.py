@@ -69,6 +69,7 @@ class Limits:
     max_model_len: int
     mean_output_tokens: int
     max_input_tokens: int  # TGI
+    eos_before_max: bool = False  # max_tokens is a cap on a natural length, as with real models
     text_seed: int = 0  # mixed into the text drawn (not its length): another "model version"
 
 
@@ -114,6 +115,9 @@ def _choices(seed: int, explicit: int | None, cap: int, limits: Limits, stops: l
     out = []
     for i in range(n):
         s = seed + i
+        if explicit is not None and limits.eos_before_max:
+            cap = min(cap, explicit)
+            explicit = None
         if explicit is not None:
             pieces, finish = textgen.generate(s ^ limits.text_seed, min(explicit, cap)), "length"
         else:
