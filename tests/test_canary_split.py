@@ -303,3 +303,18 @@ async def test_weight_set_while_redis_is_away_is_published_when_it_is_back() -> 
         weights.set_weight(MODEL, "nope", 1)
     with pytest.raises(ValueError):
         weights.set_weight(MODEL, "canary", float("nan"))
+
+
+def test_api_key_name_is_the_sticky_key_of_last_resort(replicas, tmp_path) -> None:
+    """With API keys on, a client that sends neither a session nor `user` stays in the pool
+    its key's name hashes to."""
+    from access_support import key
+
+    names = [f"team-{i}" for i in range(12)]
+    config = _config(replicas, auth={"keys": [key(n, f"secret-{n}") for n in names]})
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        for name in names:
+            auth = {"authorization": f"Bearer secret-{name}"}
+            seen = {_pool_of(client, url, auth) for _ in range(5)}
+            assert seen == {rendezvous(_pools(90, 10), name).name}, (name, seen)
+    assert {rendezvous(_pools(90, 10), n).name for n in names} == {"stable", "canary"}
