@@ -12,6 +12,8 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
@@ -237,3 +239,82 @@ def test_pool_header_can_be_disabled(replicas, tmp_path) -> None:
         key = next(k for k in KEYS if rendezvous(_pools(90, 10), k).name == "stable")
         assert _pool_of(client, url, {"x-session-id": key, "x-gateway-pool": "canary"}) == "stable"
         assert _pool_of(client, url, {"x-gateway-pool": "nope"}) in ("stable", "canary")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Any value a header may carry (visible ASCII and spaces: the HTTP parser itself refuses
+# control characters with its own 400, before the gateway sees the request).
+@given(value=st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1,
+                     max_size=300).map(str.encode),
+       route=st.sampled_from(["/v1/completions", "/generate"]))
+def test_any_pool_header_is_a_pool_or_a_clean_400(two_gateways, value: bytes, route: str) -> None:
+    a, _ = two_gateways
+    body = ({"model": MODEL, "prompt": "hi", "max_tokens": 1} if route == "/v1/completions"
+            else {"inputs": "hi", "parameters": {"max_new_tokens": 1}})
+    try:
+        response = httpx.post(a + route, json=body, headers=[(b"x-gateway-pool", value)])
+    except httpx.LocalProtocolError:
+        return  # a value the client itself refuses to send
+    if value.strip() in (b"stable", b"canary", b""):  # a pool, or no header at all
+        assert response.status_code == 200
+        return
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "no pool named" in (error["message"] if route == "/v1/completions" else error)
+
+
+async def test_weight_set_while_redis_is_away_is_published_when_it_is_back() -> None:
+    """Fail-open: a weight set while Redis cannot be reached applies here at once, stays
+    pending, and reaches Redis (and so the other instances) at the first good round; a weight
+    another instance wrote is adopted; another configuration's pools are left alone."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway.canary.weights import PoolWeights
+    from gateway.fleet.model import ServedModel
+    from gateway.shared.keys import SharedKeys
+    from gateway.shared.sync import connect
+    from support import free_port
+
+    model = ServedModel(MODEL, _pools(90, 10), None, None, 16)
+    seen: list[tuple[str, str, float]] = []
+    weights = PoolWeights({MODEL: model}, on_change=lambda m, p, w: seen.append((m, p, w)))
+    with shared_prefix() as prefix:
+        keys = SharedKeys(prefix)
+        away = connect(f"redis://127.0.0.1:{free_port()}/0", 0.5)
+        weights.share(away, keys, 0.2)
+        weights.set_weight(MODEL, "canary", 0)
+        assert model.pools[1].weight == 0 and seen[-1] == (MODEL, "canary", 0)
+        with pytest.raises(RedisConnectionError):
+            await weights.sync()
+        await away.aclose()
+        redis: Redis = connect(SHARED_URL, 2.0)
+        try:
+            weights.share(redis, keys, 0.2)
+            await redis.hset(keys.canary_weights, mapping={f"{MODEL}\tstable": "70",
+                                                           "other-model\tx": "5"})
+            await weights.sync()
+            assert await redis.hgetall(keys.canary_weights) == {
+                f"{MODEL}\tcanary": "0", f"{MODEL}\tstable": "70", "other-model\tx": "5"}
+            assert [p.weight for p in model.pools] == [70, 0]
+        finally:
+            await redis.aclose()
+    with pytest.raises(KeyError):
+        weights.set_weight(MODEL, "nope", 1)
+    with pytest.raises(ValueError):
+        weights.set_weight(MODEL, "canary", float("nan"))
+
+
+def test_api_key_name_is_the_sticky_key_of_last_resort(replicas, tmp_path) -> None:
+    """With API keys on, a client that sends neither a session nor `user` stays in the pool
+    its key's name hashes to."""
+    from access_support import key
+
+    names = [f"team-{i}" for i in range(12)]
+    config = _config(replicas, auth={"keys": [key(n, f"secret-{n}") for n in names]})
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        for name in names:
+            auth = {"authorization": f"Bearer secret-{name}"}
+            seen = {_pool_of(client, url, auth) for _ in range(5)}
+            assert seen == {rendezvous(_pools(90, 10), name).name}, (name, seen)
+    assert {rendezvous(_pools(90, 10), n).name for n in names} == {"stable", "canary"}
