@@ -23,6 +23,7 @@ from gateway.fleet.model import Pool
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.request import Caller, GenerationRequest
+from gateway.router import Router
 from redis_support import SHARED_URL, shared_prefix
 from support import gateway_server, sim
 
@@ -67,6 +68,39 @@ def test_sticky_pool_without_eligible_replica_falls_back() -> None:
     for key, pool in home.items():
         assert split.pick(pools, {id(r) for p in pools for r in p.replicas}, key) is pool
         assert split.pick(pools, only_stable, key) is pools[0]
+
+
+async def test_sticky_key_waits_for_its_full_pool_instead_of_leaving_it() -> None:
+    """Saturation must not move a session to the other engine: its request queues for a
+    slot in its own pool while the other pool has room."""
+    import asyncio
+
+    from gateway.balance.policy import make_policy
+    from gateway.balance.ledger import InProcessLedger
+    from gateway.config import BackpressureConfig
+    from gateway.fleet.model import ServedModel
+    from gateway.protocol.openai import parse_completion
+
+    pools = _pools(50, 50)
+    for r in (r for p in pools for r in p.replicas):
+        r.max_model_len = 4096
+    router = Router({MODEL: ServedModel(MODEL, pools, None, 4096, 16)}, None,
+                    make_policy("least_outstanding_tokens"), InProcessLedger(),
+                    BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=5))
+    model, admission = router.admit(parse_completion(
+        b'{"model": "sim-model", "prompt": "hi", "max_tokens": 8}'))
+    key = next(k for k in KEYS if rendezvous(pools, k).name == "stable")
+    first = await router.place(model, admission, key=key)
+    assert first.replica.pool == "stable"
+    waiting = asyncio.create_task(router.place(model, admission, key=key))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the canary replica is free, yet the key waits for stable
+    first.lease.close()
+    second = await asyncio.wait_for(waiting, 1)
+    assert second.replica is first.replica and second.queued_for > 0
+    second.lease.close()
+    other = await router.place(model, admission)  # no key: any pool with room
+    other.lease.close()
 
 
 def test_no_key_draws_by_weight() -> None:
