@@ -3,6 +3,8 @@
 Replicas are listed as {url, engine}, {host, gpus, base_port, engine} (one per GPU) or
 {dns, port, engine} (one per address the name resolves to, re-resolved every dns.interval
 seconds: a Kubernetes headless Service). Full reference: README "Running it" and "Deploy".
+An `auth` section turns on API keys and per-key limits (README "API keys and limits";
+secrets from `llm-gateway keys new`).
 
 Example:
   llm-gateway serve --config gateway.yaml --port 8080 --workers 2
@@ -55,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             log.warning("%d workers without redis_url: each worker balances on its own view of "
                         "load, blind to the others' requests (they can pile long prompts onto "
                         "one GPU); set redis_url to share load between them", args.workers)
+            if settings.auth is not None:
+                log.warning("%d workers without redis_url: each worker enforces API key limits "
+                            "on its own (up to %d x each limit) and keeps its own admin-created "
+                            "keys; set redis_url to share them", args.workers, args.workers)
         if args.config:
             os.environ[CONFIG_ENV] = os.path.abspath(args.config)
         # One scrape, every worker's totals: prometheus_client's multiprocess files.

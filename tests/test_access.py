@@ -187,3 +187,20 @@ def test_ops_token_guards_probes_when_set() -> None:
                 assert httpx.get(url + path).status_code == 401
                 assert httpx.get(url + path, headers={
                     "Authorization": "Bearer probe-token"}).status_code == 200
+
+
+def test_huggingface_hub_client_sends_its_token(gateway: str) -> None:
+    from huggingface_hub import InferenceClient
+    from huggingface_hub.inference._common import OverloadedError as HubOverloaded
+    from huggingface_hub.inference._common import UnknownError as HubUnknown
+
+    allowed = InferenceClient(base_url=gateway, token=SECRETS["open"])
+    assert allowed.text_generation("hi", max_new_tokens=3)
+    with pytest.raises(HubUnknown) as caught:  # TGI's shape, parsed by the hub client
+        InferenceClient(base_url=gateway, token="hf_wrong").text_generation("hi",
+                                                                           max_new_tokens=3)
+    assert caught.value.__cause__.response.status_code == 401
+    tight = InferenceClient(base_url=gateway, token=SECRETS["tgi"])
+    with pytest.raises(HubOverloaded):  # the "tgi" key's one request a minute is spent
+        for _ in range(2):
+            tight.text_generation("hi", max_new_tokens=3)

@@ -250,3 +250,48 @@ def test_a_client_leaving_mid_stream_gives_everything_back(tmp_path: Path) -> No
             left = int(answer.headers["x-ratelimit-remaining-tokens"])
     # Three abandoned streams kept what they used (a few tokens each), not their 500.
     assert left > TPM - 3 * 100 - 100
+
+
+def test_retries_and_failures_settle_exactly_once(tmp_path: Path, replica: str) -> None:
+    """Half of one replica's answers are 503s, retried on the other or failed: the bucket
+    ends where the served usage alone puts it (a leaked or doubled reservation of 300 tokens
+    would show far beyond the refill of the run)."""
+    tpm, window = 1_000_000, 3600.0  # refills ~280 tokens/s: little over a short run
+    with sim("vllm", MODEL, 8192, "--profile", "instant", "--eos-before-max",
+             "--mean-output-tokens", "20", "--error-rate", "0.5") as flaky:
+        config = settings(replica)
+        config["models"][0]["replicas"].append({"url": flaky, "engine": "vllm", "name": "flaky"})
+        config["balancer"] = "round_robin"
+        config["outlier"] = {"consecutive_failures": 1000}  # keep the flaky one in rotation
+        config["auth"] = {"window": window, "keys": [key("k", SECRET, limits={
+            "tokens_per_minute": tpm})]}
+        with gateway_server(tmp_path, config) as (url, _):
+            api = openai.OpenAI(base_url=url + "/v1", api_key=SECRET, max_retries=0)
+            used, failed, began = 0, 0, time.monotonic()
+            for i in range(30):
+                try:
+                    if i % 2:
+                        used += api.completions.create(model=MODEL, prompt=PROMPT,
+                                                       max_tokens=300).usage.total_tokens
+                    else:
+                        usage = None
+                        for chunk in api.completions.create(
+                                model=MODEL, prompt=PROMPT, max_tokens=300, stream=True,
+                                stream_options={"include_usage": True}):
+                            usage = chunk.usage or usage
+                        used += usage.total_tokens
+                except openai.APIStatusError as exc:
+                    assert exc.status_code == 503
+                    failed += 1
+            time.sleep(0.3)  # the last settlement is made after the response
+            final = api.completions.with_raw_response.create(model=MODEL, prompt="x",
+                                                             max_tokens=1)
+            elapsed = time.monotonic() - began
+            retries = httpx.get(url + "/metrics").text
+    left = int(final.headers["x-ratelimit-remaining-tokens"])
+    reserved_now = 2  # the last request's own reservation (prompt estimate 1 + max_tokens 1)
+    expected = tpm - used - reserved_now
+    refill = tpm * elapsed / window
+    print(f"{failed} failed, bucket {left} vs served usage {expected} (+ up to {refill:.0f})")
+    assert "llm_gateway_retries_total" in retries and 'kind="http_5xx"' in retries
+    assert expected - 5 <= left <= expected + refill + 5

@@ -2,7 +2,8 @@
 Redis and checked and taken in one Lua script per admission (one round trip).
 
 Settling (the unused reservation back, the concurrency slot freed) is a second script, run
-off the request path when the request ends. A concurrency slot is a lease in a sorted set,
+off the request path when the request ends; those of requests ending together share one
+round trip (EVALSHA pipelined). A concurrency slot is a lease in a sorted set,
 scored by its expiry, so an instance that dies mid-request frees it after ``lease_ttl``.
 
 Redis unreachable: fail open (``auth.fail_closed`` false): this instance limits with its own
@@ -19,6 +20,7 @@ import logging
 import time
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from gateway.access.errors import LimitsUnavailable
 from gateway.access.keys import ApiKey
@@ -115,6 +117,7 @@ class RedisLimiter:
         self._ids = itertools.count()
         self._retry_at = 0.0
         self._pending: set[asyncio.Task] = set()
+        self._settlements: list[tuple[ApiKey, str, int]] = []
 
     async def acquire(self, key: ApiKey, tokens: int) -> Outcome:
         if time.monotonic() < self._retry_at:
@@ -122,7 +125,7 @@ class RedisLimiter:
         limits = key.limits
         lease = f"{self.instance}:{next(self._ids)}"
         call = asyncio.ensure_future(self._acquire(
-            keys=[self.keys.rate_limit(key.name), self.keys.rate_limit_leases(key.name)],
+            keys=self._keys(key),
             args=[self.window_ms, limits.requests_per_minute or 0, limits.tokens_per_minute or 0,
                   limits.concurrent_requests or 0, tokens, lease, self.lease_ttl_ms],
             client=self.redis))
@@ -145,19 +148,40 @@ class RedisLimiter:
         if isinstance(lease, LocalLimiter):  # taken while failing open
             lease.release(key, lease, tokens_back)
             return
-        task = asyncio.ensure_future(self._settle_now(key, str(lease), tokens_back))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._settlements.append((key, str(lease), tokens_back))
+        if len(self._settlements) == 1:  # the first since the last flush: schedule one
+            task = asyncio.ensure_future(self._flush())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
-    async def _settle_now(self, key: ApiKey, lease: str, tokens_back: int) -> None:
+    async def _flush(self) -> None:
+        """Every settlement waiting now, in one round trip (under load, many)."""
+        await asyncio.sleep(0)  # let requests ending in the same loop turn join
+        batch, self._settlements = self._settlements, []
         try:
             async with asyncio.timeout(self.timeout):
-                await self._settle(
-                    keys=[self.keys.rate_limit(key.name), self.keys.rate_limit_leases(key.name)],
-                    args=[self.window_ms, key.limits.tokens_per_minute or 0, tokens_back, lease],
-                    client=self.redis)
+                if len(batch) == 1:  # EVALSHA, reloading the script if Redis lost it
+                    key, lease, back = batch[0]
+                    await self._settle(keys=self._keys(key), client=self.redis,
+                                       args=self._settle_args(key, lease, back))
+                    return
+                for _ in range(2):  # a pipeline of EVALSHA; once more if Redis lost the script
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        for key, lease, back in batch:
+                            pipe.evalsha(self._settle.sha, 2, *self._keys(key),
+                                         *self._settle_args(key, lease, back))
+                        results = await pipe.execute(raise_on_error=False)
+                    if not any(isinstance(r, NoScriptError) for r in results):
+                        return
+                    await self.redis.script_load(_SETTLE)
         except Exception as exc:  # noqa: BLE001 - the bucket refills anyway; leases expire
             self._down(exc)
+
+    def _keys(self, key: ApiKey) -> list[str]:
+        return [self.keys.rate_limit(key.name), self.keys.rate_limit_leases(key.name)]
+
+    def _settle_args(self, key: ApiKey, lease: str, back: int) -> list[int | str]:
+        return [self.window_ms, key.limits.tokens_per_minute or 0, back, lease]
 
     def _undo(self, key: ApiKey, tokens: int, lease: str, done: asyncio.Future) -> None:
         if done.cancelled() or done.exception() is not None:

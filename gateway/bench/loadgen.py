@@ -131,7 +131,8 @@ class Target:
 
     def __init__(self, url: str, api: Api = "openai", endpoint: str | None = None,
                  stream: bool = False, model: str | None = None,
-                 extra_body: dict[str, Any] | None = None) -> None:
+                 extra_body: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"target URL must be http(s)://host[:port][/path], got {url!r}")
@@ -151,7 +152,8 @@ class Target:
         self.extra_body = extra_body or {}
         netloc = parts.netloc.rpartition("@")[2]
         self._head = (f"POST {self.endpoint} HTTP/1.1\r\nHost: {netloc}\r\n"
-                      "Content-Type: application/json\r\nAccept: */*\r\n")
+                      "Content-Type: application/json\r\nAccept: */*\r\n"
+                      + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()))
 
     def body(self, request: Request) -> dict[str, Any]:
         if self.api == "tgi":
