@@ -9,7 +9,10 @@ demo:
 	@PYTHON=$(PYTHON) scripts/setup.sh demo
 	$(PYTHON) -m gateway demo
 
-# ARGS: extra pytest arguments, e.g. make test ARGS='tests/test_deploy.py -x'
+# One pytest worker per core, each taking whole files (a file's fixtures start its servers
+# once). ARGS: extra pytest arguments, e.g. make test ARGS='tests/test_deploy.py -x';
+# WORKERS=0 runs in one process.
+WORKERS ?= auto
 test:
 	@PYTHON=$(PYTHON) scripts/setup.sh test
-	$(PYTHON) -m pytest -q $(ARGS)
+	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile $(ARGS)

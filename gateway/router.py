@@ -86,6 +86,8 @@ class Router:
         started = deadline = 0.0
         while True:
             available = [r for r in admission.replicas if r.available and r not in exclude]
+            if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
+                available = self.split.own_pool(model.pools, available, key)
             if not available:
                 raise NoReplicaAvailable(f"no available replica of model `{model.name}` can "
                                          f"take this request now")

@@ -155,6 +155,7 @@ def test_every_primary_has_its_twin_and_agreement_is_measured(shadowed, engines)
                   result="disagreed") == 0
     wait_for(lambda: not any(ledger(shadowed).values()), timeout=10)
     assert set(ledger(shadowed)) == {"stable-1", "same-1", "other-1"}
+    assert httpx.get(shadowed + "/admin/runtime", headers=AUTH).json()["shadow_in_flight"] == 0
 
 
 def test_disagreements_endpoint_errors(shadowed) -> None:
@@ -220,6 +221,8 @@ def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_
             # The shadows: the slow pool held the in-flight limit, so copies were skipped.
             assert series(url, "llm_gateway_shadow_skipped_total", reason="in_flight_limit") > 0
             wait_for(lambda: not any(ledger(url).values()), timeout=30)
+            runtime = httpx.get(url + "/admin/runtime", headers=AUTH).json()
+            assert runtime["shadow_in_flight"] == 0 and runtime["active_requests"] == 0
             pools = report(url)["pools"]
             assert pools["down"]["compared"] == 0 and pools["down"]["dropped"]["shadow_failed"] > 0
             assert pools["failing"]["compared"] == 0

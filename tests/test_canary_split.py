@@ -12,6 +12,8 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
@@ -21,6 +23,7 @@ from gateway.fleet.model import Pool
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.request import Caller, GenerationRequest
+from gateway.router import Router
 from redis_support import SHARED_URL, shared_prefix
 from support import gateway_server, sim
 
@@ -65,6 +68,39 @@ def test_sticky_pool_without_eligible_replica_falls_back() -> None:
     for key, pool in home.items():
         assert split.pick(pools, {id(r) for p in pools for r in p.replicas}, key) is pool
         assert split.pick(pools, only_stable, key) is pools[0]
+
+
+async def test_sticky_key_waits_for_its_full_pool_instead_of_leaving_it() -> None:
+    """Saturation must not move a session to the other engine: its request queues for a
+    slot in its own pool while the other pool has room."""
+    import asyncio
+
+    from gateway.balance.policy import make_policy
+    from gateway.balance.ledger import InProcessLedger
+    from gateway.config import BackpressureConfig
+    from gateway.fleet.model import ServedModel
+    from gateway.protocol.openai import parse_completion
+
+    pools = _pools(50, 50)
+    for r in (r for p in pools for r in p.replicas):
+        r.max_model_len = 4096
+    router = Router({MODEL: ServedModel(MODEL, pools, None, 4096, 16)}, None,
+                    make_policy("least_outstanding_tokens"), InProcessLedger(),
+                    BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=5))
+    model, admission = router.admit(parse_completion(
+        b'{"model": "sim-model", "prompt": "hi", "max_tokens": 8}'))
+    key = next(k for k in KEYS if rendezvous(pools, k).name == "stable")
+    first = await router.place(model, admission, key=key)
+    assert first.replica.pool == "stable"
+    waiting = asyncio.create_task(router.place(model, admission, key=key))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the canary replica is free, yet the key waits for stable
+    first.lease.close()
+    second = await asyncio.wait_for(waiting, 1)
+    assert second.replica is first.replica and second.queued_for > 0
+    second.lease.close()
+    other = await router.place(model, admission)  # no key: any pool with room
+    other.lease.close()
 
 
 def test_no_key_draws_by_weight() -> None:
@@ -237,3 +273,82 @@ def test_pool_header_can_be_disabled(replicas, tmp_path) -> None:
         key = next(k for k in KEYS if rendezvous(_pools(90, 10), k).name == "stable")
         assert _pool_of(client, url, {"x-session-id": key, "x-gateway-pool": "canary"}) == "stable"
         assert _pool_of(client, url, {"x-gateway-pool": "nope"}) in ("stable", "canary")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Any value a header may carry (visible ASCII and spaces: the HTTP parser itself refuses
+# control characters with its own 400, before the gateway sees the request).
+@given(value=st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1,
+                     max_size=300).map(str.encode),
+       route=st.sampled_from(["/v1/completions", "/generate"]))
+def test_any_pool_header_is_a_pool_or_a_clean_400(two_gateways, value: bytes, route: str) -> None:
+    a, _ = two_gateways
+    body = ({"model": MODEL, "prompt": "hi", "max_tokens": 1} if route == "/v1/completions"
+            else {"inputs": "hi", "parameters": {"max_new_tokens": 1}})
+    try:
+        response = httpx.post(a + route, json=body, headers=[(b"x-gateway-pool", value)])
+    except httpx.LocalProtocolError:
+        return  # a value the client itself refuses to send
+    if value.strip() in (b"stable", b"canary", b""):  # a pool, or no header at all
+        assert response.status_code == 200
+        return
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "no pool named" in (error["message"] if route == "/v1/completions" else error)
+
+
+async def test_weight_set_while_redis_is_away_is_published_when_it_is_back() -> None:
+    """Fail-open: a weight set while Redis cannot be reached applies here at once, stays
+    pending, and reaches Redis (and so the other instances) at the first good round; a weight
+    another instance wrote is adopted; another configuration's pools are left alone."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway.canary.weights import PoolWeights
+    from gateway.fleet.model import ServedModel
+    from gateway.shared.keys import SharedKeys
+    from gateway.shared.sync import connect
+    from support import free_port
+
+    model = ServedModel(MODEL, _pools(90, 10), None, None, 16)
+    seen: list[tuple[str, str, float]] = []
+    weights = PoolWeights({MODEL: model}, on_change=lambda m, p, w: seen.append((m, p, w)))
+    with shared_prefix() as prefix:
+        keys = SharedKeys(prefix)
+        away = connect(f"redis://127.0.0.1:{free_port()}/0", 0.5)
+        weights.share(away, keys, 0.2)
+        weights.set_weight(MODEL, "canary", 0)
+        assert model.pools[1].weight == 0 and seen[-1] == (MODEL, "canary", 0)
+        with pytest.raises(RedisConnectionError):
+            await weights.sync()
+        await away.aclose()
+        redis: Redis = connect(SHARED_URL, 2.0)
+        try:
+            weights.share(redis, keys, 0.2)
+            await redis.hset(keys.canary_weights, mapping={f"{MODEL}\tstable": "70",
+                                                           "other-model\tx": "5"})
+            await weights.sync()
+            assert await redis.hgetall(keys.canary_weights) == {
+                f"{MODEL}\tcanary": "0", f"{MODEL}\tstable": "70", "other-model\tx": "5"}
+            assert [p.weight for p in model.pools] == [70, 0]
+        finally:
+            await redis.aclose()
+    with pytest.raises(KeyError):
+        weights.set_weight(MODEL, "nope", 1)
+    with pytest.raises(ValueError):
+        weights.set_weight(MODEL, "canary", float("nan"))
+
+
+def test_api_key_name_is_the_sticky_key_of_last_resort(replicas, tmp_path) -> None:
+    """With API keys on, a client that sends neither a session nor `user` stays in the pool
+    its key's name hashes to."""
+    from access_support import key
+
+    names = [f"team-{i}" for i in range(12)]
+    config = _config(replicas, auth={"keys": [key(n, f"secret-{n}") for n in names]})
+    with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+        for name in names:
+            auth = {"authorization": f"Bearer secret-{name}"}
+            seen = {_pool_of(client, url, auth) for _ in range(5)}
+            assert seen == {rendezvous(_pools(90, 10), name).name}, (name, seen)
+    assert {rendezvous(_pools(90, 10), n).name for n in names} == {"stable", "canary"}

@@ -97,7 +97,9 @@ def test_generation_endpoints_never_fail_on_bad_input(gw, path: str, body: bytes
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(["/v1/models", "/info", "/health", "/ready", "/metrics",
                              "/admin/replicas", "/admin/runtime", "/admin/replicas/vllm/drain",
-                             "/admin/replicas/x%00y", "/v1/completions", "/nope", "/generate"]),
+                             "/admin/replicas/x%00y", "/v1/completions", "/nope", "/generate",
+                             "/admin/models", "/admin/models/x/pools/nope",
+                             "/admin/canary/x%00y/disagreements"]),
        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
        auth=st.sampled_from(["", "Bearer " + TOKEN, "Bearer x", "Basic abc", "Bearer"]),
        body=st.binary(max_size=64))

@@ -160,5 +160,5 @@ async def runtime(request: Request) -> dict[str, Any]:
         open_fds = None
     return {"pid": os.getpid(), "asyncio_tasks": len(asyncio.all_tasks()),
             "open_fds": open_fds, "active_requests": gateway.active_requests,
-            "draining": gateway.draining,
+            "draining": gateway.draining, "shadow_in_flight": gateway.shadows.in_flight,
             "queued": {name: gateway.router.queued(name) for name in gateway.models}}

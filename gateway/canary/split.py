@@ -7,7 +7,8 @@ the highest score wins. Each pool gets its weight's share of the keys, every ins
 the same pool with no shared table, and a weight change moves only the keys it has to: a
 key leaves a pool only for one whose weight grew relative to it (90/10 -> 80/20 moves keys
 from stable into canary, none the other way). If the key's pool has no eligible replica,
-the key goes to its next pool by score. Without a key the draw is random by weight.
+the key goes to its next pool by score; a pool that is only full is waited for (queued), not
+left. Without a key the draw is random by weight.
 
 Pools that shadow another (``shadow_of``) take no primary traffic, unless a tester forces
 one with ``x-gateway-pool``.
@@ -96,6 +97,14 @@ class PoolSplit:
             return replicas
         shadows = {p.name for p in model.pools if is_shadow(p)}
         return [r for r in replicas if r.pool not in shadows]
+
+    def own_pool(self, pools: Sequence[Pool], available: list[Replica],
+                 key: str) -> list[Replica]:
+        """The replicas of ``available`` in the key's pool (its next by score when its own
+        has none available). A full pool is not a reason to move: the key waits for a slot
+        there, so a saturated fleet does not mix a session's answers across engines."""
+        pool = self.pick(pools, {id(r) for r in available}, key)
+        return [r for r in available if r.pool == pool.name] if pool is not None else available
 
     def pick(self, pools: Sequence[Pool], eligible: set[int], key: str | None) -> Pool | None:
         """A pool with an eligible replica: the key's (or its next by score), else by weight."""
