@@ -147,6 +147,11 @@ class BackpressureConfig(_Strict):
         "with queue_size, bounds what the gateway holds in memory")
     queue_size: int = Field(1024, ge=0, description="requests waiting for a slot, per model")
     queue_timeout: float = Field(30.0, gt=0, description="seconds a request may wait")
+    queueing: Literal["fair", "fifo"] = Field(
+        "fair", description="order of the waiting requests: fair = weighted fair queueing "
+        "across API keys, priced in tokens (one flow without keys); fifo = arrival order")
+    max_queued_per_key: int = Field(256, ge=1, description="requests one API key may have "
+                                    "waiting per model; past it a 429 (queue_full)")
 
 
 class SchedulingConfig(_Strict):

@@ -60,7 +60,8 @@ STATUS_CLASSES = ("2xx", "4xx", "5xx")
 RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 # Started at 0 (with the label values from configuration); see the module docstring.
 REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
-                     "overloaded", "draining", "unauthorized", "forbidden", "rate_limited")
+                     "overloaded", "queue_full", "draining", "unauthorized", "forbidden",
+                     "rate_limited")
 UPSTREAM_ERROR_KINDS = ("connect", "transport", "timeout", "http_4xx", "http_5xx",
                         "stream_timeout", "stream_broken")
 

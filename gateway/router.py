@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Collection
 
+from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.policy import Policy
 from gateway.canary.split import PoolSplit
 from gateway.config import BackpressureConfig
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import Api, ModelNotFound, NoReplicaAvailable, Overloaded
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.errors import (Api, ModelNotFound, NoReplicaAvailable, Overloaded,
+                                     QueueFull)
+from gateway.protocol.request import Caller, GenerationRequest
 from gateway.protocol.translate import servable
 from gateway.window import Admission, admit
 
@@ -48,7 +49,7 @@ class Router:
         self.backpressure = backpressure
         self.rng = rng or random.Random()
         self.split = split or PoolSplit(rng=self.rng)
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}  # per model, FIFO
+        self._waiters: dict[str, FairQueue] = {}  # per model
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
@@ -72,38 +73,71 @@ class Router:
 
     async def place(self, model: ServedModel, admission: Admission,
                     exclude: Collection[Replica] = (), key: str | None = None,
-                    wait: bool = True) -> Placement:
+                    wait: bool = True, caller: Caller | None = None) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
-        model's bounded FIFO queue; a full queue or a wait past ``queue_timeout`` is a 429.
+        model's bounded queue, served fairly across ``caller``s (gateway.balance.fair_queue);
+        a full queue, a caller's full share of it or a wait past ``queue_timeout`` is a 429.
         ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
         a client in one pool (``gateway.canary.split``). Without ``wait`` a request that
         finds no free slot is refused at once instead of queueing (shadow copies: they must
         never hold a place in the clients' queue).
         """
         loop = asyncio.get_running_loop()
+        queue = self._queue(model.name)
         started = deadline = 0.0
-        while True:
-            available = [r for r in admission.replicas if r.available and r not in exclude]
-            if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
-                available = self.split.own_pool(model.pools, available, key)
-            if not available:
-                raise NoReplicaAvailable(f"no available replica of model `{model.name}` can "
-                                         f"take this request now")
-            free = {id(r) for r in available if self._has_slot(r)}
-            if free:
-                placement = self._reserve(model, admission, free, key)
-                if started:
-                    placement.queued_for = loop.time() - started
-                return placement
-            if not wait:
-                raise Overloaded(f"every replica of model `{model.name}` that can take this "
-                                 f"request is at its in-flight limit")
-            if not started:
-                started = loop.time()
-                deadline = started + self.backpressure.queue_timeout
-            await self._wait_for_slot(model.name, deadline)
+        ticket: Ticket | None = None
+        try:
+            while True:
+                free = self._free_slots(model, admission, exclude, key)
+                # Waiting requests go first: while any wait, a newcomer joins the queue even
+                # if it sees a free slot (the waiter woken for that slot has not run yet).
+                if free and (ticket is not None or not wait or not len(queue)):
+                    placement = self._reserve(model, admission, free, key)
+                    if started:
+                        placement.queued_for = loop.time() - started
+                    return placement
+                if not wait:
+                    raise Overloaded(f"every replica of model `{model.name}` that can take "
+                                     f"this request is at its in-flight limit")
+                if ticket is None:
+                    started = loop.time()
+                    deadline = started + self.backpressure.queue_timeout
+                    ticket = self._enter_queue(queue, model.name, admission, caller)
+                await self._wait_for_slot(queue, model.name, deadline, ticket)
+        finally:
+            if ticket is not None:
+                queue.leave(ticket)
+
+    def _free_slots(self, model: ServedModel, admission: Admission,
+                    exclude: Collection[Replica], key: str | None) -> set[int]:
+        """ids of the replicas that could take the request now (raises if none ever can)."""
+        available = [r for r in admission.replicas if r.available and r not in exclude]
+        if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
+            available = self.split.own_pool(model.pools, available, key)
+        if not available:
+            raise NoReplicaAvailable(f"no available replica of model `{model.name}` can "
+                                     f"take this request now")
+        return {id(r) for r in available if self._has_slot(r)}
+
+    def _queue(self, model: str) -> FairQueue:
+        queue = self._waiters.get(model)
+        if queue is None:
+            queue = self._waiters[model] = FairQueue(self.backpressure.queueing == "fair")
+        return queue
+
+    def _enter_queue(self, queue: FairQueue, model: str, admission: Admission,
+                     caller: Caller | None) -> Ticket:
+        if len(queue) >= self.backpressure.queue_size:
+            raise Overloaded(f"every replica of model `{model}` is at its in-flight limit "
+                             f"and {len(queue)} requests are already waiting")
+        flow = caller.name if caller is not None else None
+        if flow is not None and queue.waiting[flow] >= self.backpressure.max_queued_per_key:
+            raise QueueFull(f"API key `{flow}` already has {queue.waiting[flow]} requests "
+                            f"waiting for model `{model}` (backpressure.max_queued_per_key)")
+        cost = admission.cost.prompt_tokens + admission.cost.output_tokens
+        return queue.enter(flow, caller.weight if caller is not None else 1.0, cost)
 
     def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
                  key: str | None = None) -> Placement:
@@ -125,35 +159,25 @@ class Router:
     def _has_slot(self, replica: Replica) -> bool:
         return self.ledger.load(replica.name).in_flight < self.limit_of(replica)
 
-    async def _wait_for_slot(self, model: str, deadline: float) -> None:
-        waiters = self._waiters.setdefault(model, deque())
+    async def _wait_for_slot(self, queue: FairQueue, model: str, deadline: float,
+                             ticket: Ticket) -> None:
+        """Wait in line until woken (a slot freed here) or the re-check (slots freed where
+        no local lease closes)."""
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise Overloaded(f"every replica of model `{model}` is at its in-flight limit; "
                              f"waited {self.backpressure.queue_timeout:g}s for a slot")
-        if len(waiters) >= self.backpressure.queue_size:
-            raise Overloaded(f"every replica of model `{model}` is at its in-flight limit "
-                             f"and {len(waiters)} requests are already waiting")
         waiter = asyncio.get_running_loop().create_future()
-        waiters.append(waiter)
-        try:
+        queue.park(ticket, waiter)
+        with contextlib.suppress(TimeoutError):  # re-check now and then (see _RECHECK_SECONDS)
             async with asyncio.timeout(min(remaining, _RECHECK_SECONDS)):
                 await waiter
-        except TimeoutError:
-            pass
-        finally:
-            if not waiter.done() or waiter.cancelled():  # not woken: leave the queue
-                with contextlib.suppress(ValueError):
-                    waiters.remove(waiter)
 
     def _wake_one(self, model: str) -> None:
-        """A slot was freed: the oldest waiter of the model tries again."""
-        waiters = self._waiters.get(model)
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        """A slot was freed: the first waiter in the queue's order tries again."""
+        queue = self._waiters.get(model)
+        if queue is not None:
+            queue.wake_one()
 
     def queued(self, model: str) -> int:
-        return len(self._waiters.get(model, ()))
+        return len(self._waiters.get(model, ()))  # type: ignore[arg-type]

@@ -221,7 +221,8 @@ class GenerationEndpoint:
         tried: list[Replica] = []
         key = sticky_key(request)
         while True:
-            placement = await gateway.router.place(model, admission, exclude=tried, key=key)
+            placement = await gateway.router.place(model, admission, exclude=tried, key=key,
+                                                   caller=request.caller)
             if placement.queued_for:
                 gateway.metrics.queued(model.name, self.api, placement.queued_for)
             try:
@@ -259,4 +260,4 @@ class GenerationEndpoint:
 
 # Errors the gateway answers itself after admission (counted as rejections); the engines'
 # own errors are counted as upstream errors by the relay.
-_GATEWAY_REASONS = frozenset({"overloaded", "no_replica"})
+_GATEWAY_REASONS = frozenset({"overloaded", "queue_full", "no_replica"})

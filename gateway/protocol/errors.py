@@ -160,6 +160,14 @@ class Overloaded(GatewayError):
         return {"error": "Model is overloaded", "error_type": "overloaded"}
 
 
+class QueueFull(Overloaded):
+    """The caller (an API key) already has its share of the queue waiting: its own flood
+    waits or is refused, not everyone's requests."""
+
+    code = "queue_full"
+    reason = "queue_full"
+
+
 class Draining(GatewayError):
     """The gateway is shutting down: in-flight work finishes, new work goes elsewhere."""
 

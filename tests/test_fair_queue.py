@@ -1,0 +1,166 @@
+"""Weighted fair queueing of the requests waiting for a slot (gateway/balance/fair_queue.py),
+as pure logic and through the router."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.balance.fair_queue import FairQueue
+from gateway.balance.ledger import InProcessLedger
+from gateway.balance.policy import make_policy
+from gateway.config import BackpressureConfig
+from gateway.fleet.model import Pool, ServedModel
+from gateway.fleet.replica import Replica
+from gateway.protocol.errors import Overloaded, QueueFull
+from gateway.protocol.openai import parse_completion
+from gateway.protocol.request import Caller
+from gateway.router import Router
+
+
+async def served_order(queue: FairQueue, arrivals: list[tuple[str | None, float, int]]) -> list:
+    """Every arrival parks; then slots free one by one: the flows in the order served."""
+    loop = asyncio.get_running_loop()
+    tickets = []
+    for flow, weight, cost in arrivals:
+        ticket = queue.enter(flow, weight, cost)
+        queue.park(ticket, loop.create_future())
+        tickets.append(ticket)
+    order = []
+    while queue.wake_one():
+        woken = next(t for t in tickets if t.waiter is not None and t.waiter.done())
+        order.append(woken.flow)
+        queue.leave(woken)
+    assert len(queue) == 0
+    return order
+
+
+async def test_a_flood_does_not_push_a_light_key_back() -> None:
+    flood = [("flood", 1.0, 500)] * 50
+    order = await served_order(FairQueue(), flood + [("light", 1.0, 500)] * 3)
+    assert [i for i, f in enumerate(order) if f == "light"] == [1, 3, 5]
+    fifo = await served_order(FairQueue(fair=False), flood + [("light", 1.0, 500)] * 3)
+    assert [i for i, f in enumerate(fifo) if f == "light"] == [50, 51, 52]
+
+
+async def test_shares_are_priced_in_tokens() -> None:
+    """A key sending 100x bigger requests gets 1/100th of the requests served."""
+    big = [("big", 1.0, 30_000)] * 5
+    small = [("small", 1.0, 300)] * 300
+    order = await served_order(FairQueue(), big + small)
+    first = order[:202]
+    assert first.count("big") == 2 and first.count("small") == 200
+
+
+async def test_shares_follow_weights() -> None:
+    order = await served_order(FairQueue(), [("gold", 3.0, 100)] * 60 + [("free", 1.0, 100)] * 60)
+    first = order[:40]
+    assert first.count("gold") == 30 and first.count("free") == 10
+
+
+async def test_a_key_arriving_late_banks_no_credit() -> None:
+    """A key that sent nothing while others were served starts at the current virtual time:
+    from then on it gets its share, not a burst for the time it was away."""
+    queue, loop = FairQueue(), asyncio.get_running_loop()
+    busy = [queue.enter("busy", 1.0, 100) for _ in range(20)]
+    for ticket in busy:
+        queue.park(ticket, loop.create_future())
+    for ticket in busy[:10]:  # half of the busy key's requests are served
+        assert queue.wake_one() and ticket.waiter.done()
+        queue.leave(ticket)
+    late = [queue.enter("late", 1.0, 100) for _ in range(4)]
+    for ticket in late:
+        queue.park(ticket, loop.create_future())
+    order = []
+    while queue.wake_one():
+        (woken,) = [t for t in [*busy, *late] if t.waiter is not None and t.waiter.done()]
+        order.append(woken.flow)
+        queue.leave(woken)
+    # Alternating from now on (with a tag starting at 0 it would have taken the next 4).
+    assert order[:8] == ["busy", "late"] * 4 or order[:8] == ["late", "busy"] * 4
+
+
+# --- through the router ---------------------------------------------------------------------
+
+def router(**backpressure: object) -> tuple[Router, ServedModel]:
+    replica = Replica("r0", "http://r0", "vllm", "m", "default", max_model_len=4096)
+    model = ServedModel("m", [Pool("default", 100, [replica])], None, 4096, 16)
+    return Router({"m": model}, None, make_policy("least_outstanding_tokens"),
+                  InProcessLedger(),
+                  BackpressureConfig(max_in_flight_per_replica=1, **backpressure)), model
+
+
+def admission(r: Router, max_tokens: int = 16):  # type: ignore[no-untyped-def]
+    _, adm = r.admit(parse_completion(
+        b'{"model": "m", "prompt": "hi", "max_tokens": %d}' % max_tokens))
+    return adm
+
+
+@pytest.mark.parametrize("queueing, light_place", [("fair", 1), ("fifo", 6)])
+async def test_router_serves_the_light_key_between_the_floods_requests(
+        queueing: str, light_place: int) -> None:
+    r, model = router(queueing=queueing, queue_timeout=10)
+    adm = admission(r)
+    busy = await r.place(model, adm)
+    flood, light = Caller("flood"), Caller("light")
+    order: list[str] = []
+
+    async def one(caller: Caller) -> None:
+        placement = await r.place(model, adm, caller=caller)
+        order.append(caller.name)
+        await asyncio.sleep(0)
+        placement.lease.close()
+
+    tasks = [asyncio.create_task(one(flood)) for _ in range(6)]
+    await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(one(light)))
+    await asyncio.sleep(0.01)
+    assert r.queued("m") == 7
+    busy.lease.close()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order.index("light") == light_place
+    assert r.queued("m") == 0 and r.ledger.load("r0").in_flight == 0
+
+
+async def test_a_keys_share_of_the_queue_is_capped_and_a_timeout_leaves_nothing() -> None:
+    r, model = router(max_queued_per_key=2, queue_timeout=0.3)
+    adm = admission(r)
+    busy = await r.place(model, adm)
+    waiting = [asyncio.create_task(r.place(model, adm, caller=Caller("flood"))) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(QueueFull) as full:
+        await r.place(model, adm, caller=Caller("flood"))
+    assert full.value.status == 429 and full.value.reason == "queue_full"
+    other = asyncio.create_task(r.place(model, adm, caller=Caller("other")))  # its own share
+    await asyncio.sleep(0.01)
+    assert r.queued("m") == 3
+    for task in [*waiting, other]:
+        with pytest.raises(Overloaded):
+            await task  # nobody freed the slot: each times out
+    assert r.queued("m") == 0
+    busy.lease.close()
+    assert r.ledger.load("r0").in_flight == 0
+    again = await r.place(model, adm, caller=Caller("flood"))  # nothing stale holds its place
+    again.lease.close()
+
+
+async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
+    """Between a slot freeing and the first waiter taking it, a new request must not take it."""
+    r, model = router(queue_timeout=10)
+    adm = admission(r)
+    busy = await r.place(model, adm)
+    first = asyncio.create_task(r.place(model, adm, caller=Caller("a")))
+    await asyncio.sleep(0.01)
+
+    async def close_and_send_again() -> object:
+        busy.lease.close()  # wakes ``first``, which has not run yet...
+        return await r.place(model, adm, caller=Caller("b"))  # ...when this looks for a slot
+
+    newcomer = asyncio.create_task(close_and_send_again())
+    placed = await asyncio.wait_for(first, 1)
+    await asyncio.sleep(0.01)
+    assert not newcomer.done()
+    placed.lease.close()
+    (await asyncio.wait_for(newcomer, 1)).lease.close()
+    assert r.queued("m") == 0
