@@ -79,6 +79,7 @@ class Gateway:
         self.metrics.start_at_zero(self.models)
         # API keys and limits (off without `auth`; shared through Redis with redis_url).
         self.access = AccessControl.from_settings(settings)
+        self.metrics.keys_at_zero([k.name for k in self.access.keys.all()], self.models)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)

@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from gateway.balance.ledger import LoadLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
+from gateway.protocol.usage import Usage
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds; how stale a per-replica gauge may be under --workers N
@@ -62,6 +63,8 @@ RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reache
 REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
                      "overloaded", "queue_full", "draining", "unauthorized", "forbidden",
                      "rate_limited")
+# Why an API key's request was refused (per key; unauthorized has no key: key="").
+KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded")
 UPSTREAM_ERROR_KINDS = ("connect", "transport", "timeout", "http_4xx", "http_5xx",
                         "stream_timeout", "stream_broken")
 
@@ -214,6 +217,24 @@ class GatewayMetrics:
                                "Requests sent again to another replica, by the failed replica "
                                "and the kind of failure.",
                                ("model", "pool", "replica", "engine", "kind"), registry=r)
+        # Per API key: labelled by the key's name only (never its secret).
+        self.key_requests = Counter("llm_gateway_key_requests",
+                                    "Requests of an API key that were admitted and ended "
+                                    "(served or not).", ("key", "model"), registry=r)
+        self.key_prompt_tokens = Counter("llm_gateway_key_prompt_tokens",
+                                         "Prompt tokens of an API key's served requests.",
+                                         ("key", "model"), registry=r)
+        self.key_generation_tokens = Counter("llm_gateway_key_generation_tokens",
+                                             "Generated tokens of an API key's requests.",
+                                             ("key", "model"), registry=r)
+        self.key_rejections = Counter("llm_gateway_key_rejections",
+                                      "An API key's requests the gateway refused, by reason "
+                                      "(requests without a valid key: key=\"\", reason "
+                                      "unauthorized).", ("key", "model", "reason"), registry=r)
+        self.key_queue_time = Histogram("llm_gateway_key_queue_time_seconds",
+                                        "Time an API key's requests waited in the gateway's "
+                                        "queue for a free replica slot.", ("key", "model"),
+                                        buckets=LATENCY_BUCKETS, registry=r)
         self._bound: dict[tuple[str, Api, str], RequestMetrics] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
@@ -258,6 +279,31 @@ class GatewayMetrics:
         if child is None:
             child = self._queued[(model, api)] = self.queue_time.labels(model, api.value)
         child.observe(seconds)
+
+    def key_done(self, key: str, model: str, usage: Usage | None) -> None:
+        """An admitted request of API key ``key`` ended; ``usage``: None if it got no answer."""
+        self.key_requests.labels(key, model).inc()
+        if usage is not None:
+            if usage.prompt_tokens:
+                self.key_prompt_tokens.labels(key, model).inc(usage.prompt_tokens)
+            if usage.completion_tokens:
+                self.key_generation_tokens.labels(key, model).inc(usage.completion_tokens)
+
+    def key_rejected(self, key: str, model: str, reason: str) -> None:
+        self.key_rejections.labels(key, model, reason).inc()
+
+    def key_queued(self, key: str, model: str, seconds: float) -> None:
+        self.key_queue_time.labels(key, model).observe(seconds)
+
+    def keys_at_zero(self, keys: Iterable[str], models: Iterable[str]) -> None:
+        """Series of the configured keys that a healthy system may never increment."""
+        models = list(models)
+        for key in keys:
+            for model in models:
+                self.key_requests.labels(key, model)
+                self.key_queue_time.labels(key, model)
+                for reason in KEY_REJECTION_REASONS:
+                    self.key_rejections.labels(key, model, reason)
 
     def start_at_zero(self, models: Iterable[str]) -> None:
         """Series of each configured model that a healthy system never increments."""
@@ -361,6 +407,18 @@ class NullMetrics(GatewayMetrics):
         pass
 
     def start_at_zero(self, models: Iterable[str]) -> None:
+        pass
+
+    def key_done(self, key: str, model: str, usage: Usage | None) -> None:
+        pass
+
+    def key_rejected(self, key: str, model: str, reason: str) -> None:
+        pass
+
+    def key_queued(self, key: str, model: str, seconds: float) -> None:
+        pass
+
+    def keys_at_zero(self, keys: Iterable[str], models: Iterable[str]) -> None:
         pass
 
     def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger,

@@ -147,6 +147,40 @@ def test_rejections_are_counted_by_reason(gateway: str) -> None:
     assert (count("unauthorized"), count("forbidden")) == (before[0] + 1, before[1] + 1)
 
 
+def key_series(gateway: str, name: str, **labels: str) -> float:
+    """The sum of a per-key series' samples whose labels include ``labels``."""
+    text = httpx.get(gateway + "/metrics").text
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(w in line for w in want))
+
+
+def test_per_key_requests_tokens_and_rejections(gateway: str) -> None:
+    """Each key's own figures, labelled by its name (never its secret)."""
+    def figures(key: str) -> tuple[float, ...]:
+        return (key_series(gateway, "llm_gateway_key_requests_total", key=key),
+                key_series(gateway, "llm_gateway_key_prompt_tokens_total", key=key),
+                key_series(gateway, "llm_gateway_key_generation_tokens_total", key=key),
+                key_series(gateway, "llm_gateway_key_rejections_total", key=key,
+                           reason="forbidden"))
+    before = {k: figures(k) for k in ("open", "narrow", "elsewhere")}
+    usage = [complete(client(gateway, SECRETS["open"])).parse().usage for _ in range(3)]
+    narrow = complete(client(gateway, SECRETS["narrow"])).parse().usage
+    with pytest.raises(openai.PermissionDeniedError):
+        complete(client(gateway, SECRETS["elsewhere"]))
+    after = {k: figures(k) for k in before}
+    assert [a - b for a, b in zip(after["open"], before["open"])] == [
+        3, sum(u.prompt_tokens for u in usage), sum(u.completion_tokens for u in usage), 0]
+    assert [a - b for a, b in zip(after["narrow"], before["narrow"])] == [
+        1, narrow.prompt_tokens, narrow.completion_tokens, 0]
+    assert [a - b for a, b in zip(after["elsewhere"], before["elsewhere"])] == [0, 0, 0, 1]
+    text = httpx.get(gateway + "/metrics").text
+    assert not any(secret in text for secret in SECRETS.values())
+    # Every configured key's series exist from the start (a dashboard shows 0, not no data).
+    assert key_series(gateway, "llm_gateway_key_queue_time_seconds_count", key="tight") == 0
+    assert 'llm_gateway_key_rejections_total{key="tgi",model="' in text
+
+
 def test_admin_create_list_revoke(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     admin = {"Authorization": f"Bearer {ADMIN}"}

@@ -22,6 +22,7 @@ from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, Generati
 from gateway.relay import Reply
 
 if TYPE_CHECKING:
+    from gateway.access.keys import ApiKey
     from gateway.app import Gateway
     from gateway.fleet.model import ServedModel
     from gateway.window import Admission
@@ -158,6 +159,7 @@ class GenerationEndpoint:
             await self._reject(send, error, None, uuid.uuid4().hex)
             return
         gateway.active_requests += 1
+        key = None
         try:
             try:
                 if gateway.draining:
@@ -177,7 +179,7 @@ class GenerationEndpoint:
                                    request, request_id)
                 return
             except GatewayError as error:
-                await self._reject(send, error, request, request_id)
+                await self._reject(send, error, request, request_id, key)
                 return
             except asyncio.CancelledError:
                 return  # the client left before sending its whole body
@@ -190,6 +192,9 @@ class GenerationEndpoint:
                     except GatewayError as error:
                         if error.reason in _GATEWAY_REASONS:
                             gateway.metrics.reject(model.name, self.api, error.reason)
+                            if request.caller is not None:
+                                gateway.metrics.key_rejected(request.caller.name, model.name,
+                                                             error.reason)
                         await send_error(send, error, self.api, request_id, grant.headers)
                         return
                     headers = reply.headers + grant.headers if grant.headers else reply.headers
@@ -208,7 +213,10 @@ class GenerationEndpoint:
                     finally:
                         await reply.stream.aclose()  # type: ignore[attr-defined]
             finally:
-                grant.settle(reply.usage if reply is not None else None)
+                usage = reply.usage if reply is not None else None
+                grant.settle(usage)
+                if request.caller is not None:
+                    gateway.metrics.key_done(request.caller.name, model.name, usage)
         finally:
             gateway.active_requests -= 1
 
@@ -225,6 +233,9 @@ class GenerationEndpoint:
                                                    caller=request.caller)
             if placement.queued_for:
                 gateway.metrics.queued(model.name, self.api, placement.queued_for)
+                if request.caller is not None:
+                    gateway.metrics.key_queued(request.caller.name, model.name,
+                                               placement.queued_for)
             try:
                 reply = await gateway.relay.forward(request, placement, arrival, request_id)
             except GatewayError as error:
@@ -244,9 +255,14 @@ class GenerationEndpoint:
             return reply
 
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
-                      request_id: str) -> None:
+                      request_id: str, key: "ApiKey | None" = None) -> None:
         model_label = self._model_label(request.model if request else None)
-        self.gateway.metrics.reject(model_label, self.api, error.reason)
+        metrics = self.gateway.metrics
+        metrics.reject(model_label, self.api, error.reason)
+        if key is not None:
+            metrics.key_rejected(key.name, model_label, error.reason)
+        elif error.reason == "unauthorized":
+            metrics.key_rejected("", model_label, error.reason)
         await send_error(send, error, self.api, request_id)
 
     def _model_label(self, name: str | None) -> str:
