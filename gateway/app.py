@@ -34,6 +34,7 @@ from gateway.fleet.health import HealthChecker
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
+from gateway.canary.samples import SampleBook
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import tgi as tgi_protocol
@@ -69,6 +70,7 @@ class Gateway:
         self.canary_metrics = CanaryMetrics(getattr(self.metrics, "registry", None))
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
         canary = settings.canary
+        self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
                                    canary.disagreements_kept)
         self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
@@ -99,7 +101,8 @@ class Gateway:
         # replica need no keep-alive.
         self.probe_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
-        self.relay = Relay(self.session, self.settings.timeouts, self.metrics, self.outlier)
+        self.relay = Relay(self.session, self.settings.timeouts, self.metrics, self.outlier,
+                           self.samples)
         self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
         await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)
                                for r in self.replicas))

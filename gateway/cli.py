@@ -1,4 +1,4 @@
-"""The ``llm-gateway`` command: serve | demo | sim | bench.
+"""The ``llm-gateway`` command: serve | demo | sim | bench | keys | canary.
 
 Each subcommand's module owns its arguments (``add_arguments(parser)``) and its work
 (``run(args)``); this file only wires them together, importing lazily so ``--help`` is fast.
@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
     "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
     "keys": ("gateway.access.cli", "make API key secrets and their sha256 for `auth.keys`"),
+    "canary": ("gateway.canary.report", "the canary verdict of a running gateway (exit 0 pass, "
+               "1 fail, 2 insufficient data)"),
 }
 
 

@@ -176,6 +176,36 @@ class SchedulingConfig(_Strict):
                                    "signals are stale and ignored")
 
 
+class CanaryThresholds(_Strict):
+    """How much worse the canary may be before a metric fails (when significantly so)."""
+
+    ttft: float = Field(0.10, ge=0, description="relative rise of the median TTFT")
+    itl: float = Field(0.10, ge=0, description="relative rise of the median inter-token latency")
+    e2e: float = Field(0.10, ge=0, description="relative rise of the median e2e latency")
+    tokens_per_s: float = Field(0.10, ge=0, description="relative drop of the median output "
+                                "tokens/s per request")
+    error_rate_points: float = Field(0.5, ge=0, description="rise of the error rate, in "
+                                     "percentage points")
+
+
+class CanaryJudgeConfig(_Strict):
+    """The verdict (gateway/canary/judge.py; Kayenta's scoring)."""
+
+    significance: float = Field(0.05, gt=0, lt=1, description="p-value below which a "
+                                "difference counts")
+    min_samples: int = Field(50, ge=2, description="requests per side below which the verdict "
+                             "is 'insufficient data'")
+    window: float = Field(1800.0, gt=0, description="seconds of recent requests judged "
+                          "(default 30 min)")
+    thresholds: CanaryThresholds = CanaryThresholds()
+    critical: list[Literal["ttft", "itl", "e2e", "tokens_per_s", "error_rate"]] = Field(
+        default_factory=lambda: ["ttft", "error_rate"], description="a failing critical "
+        "metric fails the canary")
+    pass_score: float = Field(75.0, ge=0, le=100)
+    marginal_score: float = Field(50.0, ge=0, le=100)
+    samples_per_pool: int = Field(5000, ge=10, description="recent requests kept per pool")
+
+
 class CanaryConfig(_Strict):
     """Canary comparison between pools (README "Canary")."""
 
@@ -189,6 +219,7 @@ class CanaryConfig(_Strict):
                                     "for GET /admin/canary/{model}/disagreements")
     weights_sync_interval: float = Field(1.0, gt=0, description="with redis_url: seconds "
                                          "between reads of the shared pool weights")
+    judge: CanaryJudgeConfig = CanaryJudgeConfig()
 
 
 def parse_nameserver(text: str) -> tuple[str, int]:

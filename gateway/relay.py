@@ -29,6 +29,7 @@ import orjson
 from gateway.config import TimeoutsConfig
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
+from gateway.canary.samples import SampleBook
 from gateway.metrics import GatewayMetrics, RequestMetrics, status_class
 from gateway.protocol.errors import (Api, GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)
@@ -92,8 +93,10 @@ def _usage_from_json(payload: Any, api: Api) -> Usage:
 
 class Relay:
     def __init__(self, session: aiohttp.ClientSession, timeouts: TimeoutsConfig,
-                 metrics: GatewayMetrics, outlier: OutlierDetector | None = None) -> None:
+                 metrics: GatewayMetrics, outlier: OutlierDetector | None = None,
+                 samples: SampleBook | None = None) -> None:
         self.session = session
+        self.samples = samples  # per-pool request figures for the canary verdict
         self.timeouts = timeouts
         self.metrics = metrics
         self.outlier = outlier
@@ -158,6 +161,8 @@ class Relay:
                 response.close()  # drops the connection: the engine aborts the sequence
             status = exc.status if isinstance(exc, GatewayError) else 499
             meter.requests[status_class(status)].inc()
+            if status >= 500 and self.samples is not None:
+                self.samples.failed(replica.model, replica.pool)
             raise
         reply_headers = self._headers(response, placement, request_id)
         if not request.stream:
@@ -204,7 +209,7 @@ class Relay:
                 meter.requests[status_class(error.status)].inc()
                 raise
             self._succeeded(placement.replica, request)
-            self._account(meter, usage, arrival, None, None, status=response.status)
+            self._account(meter, usage, arrival, None, None, response.status, placement.replica)
             return Reply(response.status, headers + extra, body=body, usage=usage)
         self._succeeded(placement.replica, request)
         try:
@@ -218,11 +223,12 @@ class Relay:
             usage.completion_tokens = int(generated)
         if usage.prompt_tokens is None and prompt.isdigit():
             usage.prompt_tokens = int(prompt)
-        self._account(meter, usage, arrival, None, None, status=response.status)
+        self._account(meter, usage, arrival, None, None, response.status, placement.replica)
         return Reply(response.status, headers, body=body, usage=usage)
 
     def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
-                 first_at: float | None, last_at: float | None, status: int) -> None:
+                 first_at: float | None, last_at: float | None, status: int,
+                 replica: Replica) -> None:
         now = time.perf_counter()
         meter.requests[status_class(status)].inc()
         meter.e2e.observe(now - arrival)
@@ -231,10 +237,19 @@ class Relay:
         generated = usage.completion_tokens or 0
         if generated:
             meter.generation_tokens.inc(generated)
+        itl = tokens_per_s = None
         if first_at is not None and last_at is not None and generated > 1 and last_at > first_at:
             decode = last_at - first_at
-            meter.itl.observe(decode / (generated - 1))
-            meter.tokens_per_second.observe((generated - 1) / decode)
+            itl, tokens_per_s = decode / (generated - 1), (generated - 1) / decode
+            meter.itl.observe(itl)
+            meter.tokens_per_second.observe(tokens_per_s)
+        if self.samples is not None:
+            if status >= 500:
+                self.samples.failed(replica.model, replica.pool)
+            elif status < 400:
+                self.samples.served(replica.model, replica.pool,
+                                    None if first_at is None else first_at - arrival, itl,
+                                    now - arrival, tokens_per_s)
 
     async def _stream(self, request: GenerationRequest, placement: Placement,
                       meter: RequestMetrics, response: aiohttp.ClientResponse,
@@ -315,7 +330,8 @@ class Relay:
             if reader.usage.completion_tokens is None:  # engine sent no usage: count events
                 reader.usage.completion_tokens = reader.token_events
             reply.usage = reader.usage
-            self._account(meter, reader.usage, arrival, first_at, last_at, status)
+            self._account(meter, reader.usage, arrival, first_at, last_at, status,
+                          placement.replica)
             if response.content.at_eof():
                 response.release()  # back to the keep-alive pool
             else:

@@ -13,9 +13,10 @@ import os
 import secrets
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.canary.report import CanaryError, judge_model
 from gateway.config import Engine
 from gateway.fleet.replica import Replica
 
@@ -139,6 +140,22 @@ async def set_pool_weight(request: Request, model: str, pool: str,
         async with asyncio.timeout(gateway.settings.redis_timeout):
             await gateway.weights.sync()
     return _describe_pool(gateway.models[model], target)
+
+
+@router.get("/canary/{model}", dependencies=[Depends(_authorized)])
+async def canary_verdict(request: Request, model: str, baseline: str | None = None,
+                         canary: str | None = None,
+                         window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
+    """The canary verdict over the last ``window`` seconds (gateway/canary/judge.py)."""
+    gateway = request.app.state.gateway
+    served = gateway.models.get(model)
+    if served is None:
+        raise HTTPException(404, f"no model named {model!r}")
+    try:  # the statistics take a few ms to a second: off the event loop
+        return await asyncio.to_thread(judge_model, gateway.samples, served,
+                                       gateway.settings.canary.judge, baseline, canary, window)
+    except CanaryError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])

@@ -1,0 +1,98 @@
+"""The canary verdict: is the canary pool worse than the baseline pool serving beside it?
+
+Per metric, both pools' samples from the same time window side by side: the relative change
+of the median with a confidence interval and a rank test (latencies, throughput), or the
+difference in points with a two-proportion test (error rate). Each metric is classed:
+
+- ``fail``: significantly worse (p < significance) by more than its threshold;
+- ``marginal``: worse by more than the threshold but not (yet) significantly, or
+  significantly worse by less than the threshold;
+- ``pass`` otherwise (better, or no worse than the threshold).
+
+The overall verdict follows Kayenta's judge: a score of 0-100 from the classes (pass 1,
+marginal 1/2), ``pass`` at ``pass_score`` or above, ``fail`` below ``marginal_score``,
+``marginal`` between; a critical metric that fails fails the canary whatever the score.
+Fewer than ``min_samples`` requests on either side is ``insufficient data``, never a pass.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from gateway.canary.samples import Sample
+from gateway.canary.stats import mann_whitney, median_change, two_proportions
+from gateway.config import CanaryJudgeConfig
+
+# metric -> (sample field, +1 if higher is worse, -1 if lower is worse)
+LATENCY_METRICS = {"ttft": ("ttft", 1), "itl": ("itl", 1), "e2e": ("e2e", 1),
+                   "tokens_per_s": ("tokens_per_s", -1)}
+EXIT_CODES = {"pass": 0, "fail": 1, "insufficient data": 2, "marginal": 3}
+
+
+def _values(samples: Sequence[Sample], field: str) -> list[float]:
+    return [v for s in samples if not s.error and (v := getattr(s, field)) is not None]
+
+
+def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample],
+                  config: CanaryJudgeConfig) -> dict[str, Any]:
+    field, worse_sign = LATENCY_METRICS[name]
+    a, b = _values(baseline, field), _values(canary, field)
+    out: dict[str, Any] = {"metric": name, "baseline_n": len(a), "canary_n": len(b),
+                           "threshold": getattr(config.thresholds, name),
+                           "critical": name in config.critical}
+    if len(a) < config.min_samples or len(b) < config.min_samples:
+        return {**out, "class": "insufficient data"}
+    change, low, high = median_change(a, b, 1 - config.significance)
+    _, p = mann_whitney(a, b)
+    worse = worse_sign * change
+    threshold = out["threshold"]
+    significant = p < config.significance and worse > 0
+    cls = ("fail" if significant and worse > threshold else
+           "marginal" if worse > threshold or significant else "pass")
+    return {**out, "baseline_median": statistics.median(a), "canary_median": statistics.median(b),
+            "change": change, "change_ci": [low, high], "p_value": p, "class": cls}
+
+
+def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
+                 config: CanaryJudgeConfig) -> dict[str, Any]:
+    n_a, n_b = len(baseline), len(canary)
+    e_a, e_b = sum(s.error for s in baseline), sum(s.error for s in canary)
+    threshold = config.thresholds.error_rate_points
+    out: dict[str, Any] = {"metric": "error_rate", "baseline_n": n_a, "canary_n": n_b,
+                           "threshold": threshold, "critical": "error_rate" in config.critical}
+    if n_a < config.min_samples or n_b < config.min_samples:
+        return {**out, "class": "insufficient data"}
+    rate_a, rate_b = e_a / n_a, e_b / n_b
+    points = 100 * (rate_b - rate_a)
+    p = two_proportions(e_a, n_a, e_b, n_b)
+    significant = p < config.significance and points > 0
+    cls = ("fail" if significant and points > threshold else
+           "marginal" if points > threshold or significant else "pass")
+    return {**out, "baseline_rate": rate_a, "canary_rate": rate_b, "change_points": points,
+            "p_value": p, "class": cls}
+
+
+def verdict(baseline: Sequence[Sample], canary: Sequence[Sample],
+            config: CanaryJudgeConfig) -> dict[str, Any]:
+    """Every metric's judgment, the score and the overall verdict."""
+    metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
+    metrics.append(judge_errors(baseline, canary, config))
+    requests = {"baseline": len(baseline), "canary": len(canary)}
+    if min(requests.values()) < config.min_samples:
+        return {"verdict": "insufficient data", "score": None, "requests": requests,
+                "min_samples": config.min_samples, "metrics": metrics}
+    judged = [m for m in metrics if m["class"] != "insufficient data"]
+    points = sum(1.0 if m["class"] == "pass" else 0.5 if m["class"] == "marginal" else 0.0
+                 for m in judged)
+    score = round(100 * points / len(judged), 1) if judged else 0.0
+    if any(m["critical"] and m["class"] == "fail" for m in judged):
+        overall = "fail"
+    elif score >= config.pass_score:
+        overall = "pass"
+    elif score < config.marginal_score:
+        overall = "fail"
+    else:
+        overall = "marginal"
+    return {"verdict": overall, "score": score, "requests": requests,
+            "min_samples": config.min_samples, "metrics": metrics}

@@ -1,0 +1,153 @@
+"""The canary report: the verdict for a model's baseline and canary pools, and its CLI.
+
+  llm-gateway canary report --model M [--baseline POOL --canary POOL]
+                            [--gateway URL] [--admin-token T] [--window 30m] [--json]
+
+reads ``GET /admin/canary/{model}`` of a running gateway (its admin token: --admin-token or
+$LLM_GATEWAY_ADMIN_TOKEN) and prints each metric side by side: baseline and canary medians,
+the relative change with its confidence interval, the p-value and the class, then the score
+and the verdict. Exit code: 0 pass, 1 fail, 2 insufficient data, 3 marginal (a rollout or CI
+job can gate on it).
+
+The baseline is, by default, the heaviest pool that takes primary traffic; the canary, the
+other pool (a shadow pool too: its copies are judged like any request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from gateway.canary.judge import EXIT_CODES, verdict
+from gateway.canary.samples import SampleBook
+from gateway.config import CanaryJudgeConfig
+from gateway.fleet.model import ServedModel
+
+
+class CanaryError(ValueError):
+    """The model has no such pools (a 404 / 400 at the admin API)."""
+
+
+def choose_pools(model: ServedModel, baseline: str | None,
+                 canary: str | None) -> tuple[str, str]:
+    names = [p.name for p in model.pools]
+    for given in (baseline, canary):
+        if given is not None and given not in names:
+            raise CanaryError(f"model `{model.name}` has no pool `{given}` (its pools: "
+                              f"{', '.join(names)})")
+    if baseline is None:
+        primaries = [p for p in model.pools if p.shadow_of is None and p.name != canary]
+        if not primaries:
+            raise CanaryError(f"model `{model.name}` has no baseline pool besides `{canary}`")
+        baseline = max(primaries, key=lambda p: p.weight).name
+    if canary is None:
+        others = [n for n in names if n != baseline]
+        if not others:
+            raise CanaryError(f"model `{model.name}` has a single pool: nothing to compare")
+        canary = others[0]
+    if canary == baseline:
+        raise CanaryError("the baseline and the canary must be two different pools")
+    return baseline, canary
+
+
+def judge_model(samples: SampleBook, model: ServedModel, config: CanaryJudgeConfig,
+                baseline: str | None = None, canary: str | None = None,
+                window: float | None = None) -> dict[str, Any]:
+    """The verdict over the last ``window`` seconds (both pools, the same period)."""
+    baseline, canary = choose_pools(model, baseline, canary)
+    window = window or config.window
+    since = time.time() - window
+    result = verdict(samples.window(model.name, baseline, since),
+                     samples.window(model.name, canary, since), config)
+    return {"model": model.name, "baseline": baseline, "canary": canary,
+            "window_s": window, **result, "exit_code": EXIT_CODES[result["verdict"]]}
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def parse_window(text: str) -> float:
+    """``30m``, ``2h``, ``90s`` or plain seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 2h, 90s)")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="canary_command", metavar="ACTION", required=True)
+    report = sub.add_parser("report", help="the verdict: is the canary pool worse?")
+    report.add_argument("--model", required=True)
+    report.add_argument("--baseline", help="baseline pool (default: the heaviest primary pool)")
+    report.add_argument("--canary", help="canary pool (default: the other pool)")
+    report.add_argument("--gateway", default="http://127.0.0.1:8080",
+                        help="the gateway's base URL (default http://127.0.0.1:8080)")
+    report.add_argument("--admin-token", default=os.environ.get("LLM_GATEWAY_ADMIN_TOKEN"),
+                        help="the gateway's admin_token (default $LLM_GATEWAY_ADMIN_TOKEN)")
+    report.add_argument("--window", type=parse_window, help="recent period judged, e.g. 30m "
+                        "(default: the gateway's canary.judge.window)")
+    report.add_argument("--json", action="store_true", help="print the JSON judgment")
+
+
+def fetch(args: argparse.Namespace) -> dict[str, Any]:
+    query = {k: v for k, v in (("baseline", args.baseline), ("canary", args.canary),
+                               ("window", args.window)) if v is not None}
+    url = (f"{args.gateway.rstrip('/')}/admin/canary/{urllib.parse.quote(args.model)}"
+           + (f"?{urllib.parse.urlencode(query)}" if query else ""))
+    headers = {"authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _figure(value: float | None, metric: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.1f}" if metric == "tokens_per_s" else f"{value * 1000:,.1f} ms"
+
+
+def text(result: dict[str, Any]) -> str:
+    lines = [f"canary report: model {result['model']}, baseline `{result['baseline']}` vs "
+             f"canary `{result['canary']}`, last {result['window_s']:g} s; requests "
+             f"{result['requests']['baseline']} / {result['requests']['canary']}", "",
+             f"{'metric':14s} {'baseline':>12s} {'canary':>12s} {'change':>9s} "
+             f"{'95% interval':>18s} {'p':>8s}  class"]
+    for m in result["metrics"]:
+        name = m["metric"] + (" *" if m["critical"] else "")
+        if m["class"] == "insufficient data":
+            lines.append(f"{name:14s} {m['baseline_n']:>12d} {m['canary_n']:>12d} "
+                         f"{'':>9s} {'':>18s} {'':>8s}  insufficient data (samples)")
+        elif m["metric"] == "error_rate":
+            lines.append(f"{name:14s} {m['baseline_rate']:>11.2%} {m['canary_rate']:>11.2%} "
+                         f"{m['change_points']:>+8.2f}p {'':>18s} {m['p_value']:>8.3g}  "
+                         f"{m['class']}")
+        else:
+            low, high = m["change_ci"]
+            lines.append(f"{name:14s} {_figure(m['baseline_median'], m['metric']):>12s} "
+                         f"{_figure(m['canary_median'], m['metric']):>12s} "
+                         f"{m['change']:>+8.1%} {f'[{low:+.1%}, {high:+.1%}]':>18s} "
+                         f"{m['p_value']:>8.3g}  {m['class']}")
+    score = "n/a" if result["score"] is None else f"{result['score']:g}"
+    lines += ["", "* critical: failing it fails the canary", "",
+              f"verdict: {result['verdict'].upper()} (score {score})"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = fetch(args)
+    except urllib.error.HTTPError as exc:
+        print(f"llm-gateway canary report: {exc.code} {exc.read().decode(errors='replace')}",
+              file=sys.stderr)
+        return 4
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"llm-gateway canary report: cannot reach {args.gateway}: {exc}", file=sys.stderr)
+        return 4
+    print(json.dumps(result, indent=2) if args.json else text(result))
+    return int(result["exit_code"])

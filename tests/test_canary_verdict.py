@@ -1,0 +1,100 @@
+"""The canary verdict end to end: real simulated replicas in a baseline and a canary pool,
+traffic through a real gateway, then `llm-gateway canary report` (its exit code) and
+`GET /admin/canary/{model}`, which must agree."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from gateway.bench.loadgen import Request, Target, closed_loop
+from support import ROOT, gateway_server, sim
+
+MODEL = "sim-model"
+TOKEN = "verdict-admin-token"
+PACED = ("--profile", "paced", "--ttft-ms", "20", "--itl-ms", "2")
+INSTANT = ("--profile", "instant")
+
+
+@contextlib.contextmanager
+def fleet(tmp: Path, baseline: tuple[str, ...], canary: tuple[str, ...]) -> Iterator[str]:
+    with sim("vllm", MODEL, 4096, *baseline) as a, sim("vllm", MODEL, 4096, *canary) as b:
+        config = {"models": [{"name": MODEL, "pools": [
+            {"name": "stable", "weight": 50, "replicas": [{"url": a, "name": "stable-1"}]},
+            {"name": "canary", "weight": 50, "replicas": [{"url": b, "name": "canary-1"}]}]}],
+            "health": {"interval": 0.5}, "admin_token": TOKEN,
+            "canary": {"judge": {"min_samples": 40}}}
+        with gateway_server(tmp, config) as (url, _):
+            yield url
+
+
+def send(url: str, n: int, stream: bool = True) -> None:
+    target = Target(url, model=MODEL, stream=stream)
+    run = asyncio.run(closed_loop(target, [Request(prompt="Compare us.", max_tokens=8)],
+                                  users=8, max_requests=n, timeout=30))
+    assert len(run.records) == n
+
+
+def report(url: str) -> tuple[int, dict, dict]:
+    """(CLI exit code, CLI JSON, admin endpoint JSON)."""
+    done = subprocess.run([sys.executable, "-m", "gateway", "canary", "report", "--model", MODEL,
+                           "--gateway", url, "--admin-token", TOKEN, "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    admin = httpx.get(f"{url}/admin/canary/{MODEL}",
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+    return done.returncode, json.loads(done.stdout), admin
+
+
+def classes(result: dict) -> dict[str, str]:
+    return {m["metric"]: m["class"] for m in result["metrics"]}
+
+
+def test_identical_pools_pass_and_ten_requests_are_insufficient(tmp_path: Path) -> None:
+    with fleet(tmp_path, PACED, PACED) as url:
+        send(url, 10)
+        code, cli, admin = report(url)
+        assert code == 2 and cli["verdict"] == admin["verdict"] == "insufficient data"
+        send(url, 190)
+        code, cli, admin = report(url)
+        assert (cli["baseline"], cli["canary"]) == ("stable", "canary")
+        assert code == 0 and cli["verdict"] == admin["verdict"] == "pass", cli
+        assert classes(cli)["ttft"] == classes(admin)["ttft"] == "pass"
+
+
+def test_a_30_percent_slower_canary_fails_on_ttft(tmp_path: Path) -> None:
+    with fleet(tmp_path, PACED, (*PACED, "--slowdown", "1.3")) as url:
+        send(url, 200)
+        code, cli, admin = report(url)
+        assert code == 1 and cli["verdict"] == admin["verdict"] == "fail"
+        assert classes(cli)["ttft"] == classes(admin)["ttft"] == "fail"
+        ttft = next(m for m in cli["metrics"] if m["metric"] == "ttft")
+        assert 0.15 < ttft["change"] < 0.45  # ~ +30%, gateway overhead on both sides
+
+
+def test_five_points_more_errors_fail_the_canary(tmp_path: Path) -> None:
+    with fleet(tmp_path, INSTANT, (*INSTANT, "--error-rate", "0.05", "--fault-seed", "3")) as url:
+        send(url, 1200, stream=False)
+        code, cli, admin = report(url)
+        assert code == 1 and cli["verdict"] == admin["verdict"] == "fail"
+        errors = next(m for m in cli["metrics"] if m["metric"] == "error_rate")
+        assert errors["class"] == "fail" and 2 < errors["change_points"] < 9, errors
+        assert classes(admin)["error_rate"] == "fail"
+
+
+def test_unknown_pools_and_models_are_clear_errors(tmp_path: Path) -> None:
+    with fleet(tmp_path, INSTANT, INSTANT) as url:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        assert httpx.get(f"{url}/admin/canary/nope", headers=auth).status_code == 404
+        bad = httpx.get(f"{url}/admin/canary/{MODEL}?canary=nope", headers=auth)
+        assert bad.status_code == 400 and "nope" in bad.text
+        same = httpx.get(f"{url}/admin/canary/{MODEL}?baseline=canary&canary=canary",
+                         headers=auth)
+        assert same.status_code == 400
+        assert httpx.get(f"{url}/admin/canary/{MODEL}").status_code == 401
