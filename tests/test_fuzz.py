@@ -99,7 +99,10 @@ def test_generation_endpoints_never_fail_on_bad_input(gw, path: str, body: bytes
                              "/admin/replicas", "/admin/runtime", "/admin/replicas/vllm/drain",
                              "/admin/replicas/x%00y", "/v1/completions", "/nope", "/generate",
                              "/admin/models", "/admin/models/x/pools/nope",
-                             "/admin/canary/x%00y/disagreements"]),
+                             "/admin/canary/x%00y/disagreements", "/admin/canary/x%00y",
+                             "/admin/canary/sim-model?window=-1&canary=%00",
+                             "/admin/canary/sim-model?window=1e400",
+                             "/admin/canary/sim-model?baseline=default&canary=default"]),
        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
        auth=st.sampled_from(["", "Bearer " + TOKEN, "Bearer x", "Basic abc", "Bearer"]),
        body=st.binary(max_size=64))
