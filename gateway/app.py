@@ -34,6 +34,7 @@ from gateway.fleet.health import HealthChecker
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
+from gateway.canary.guard import CanaryGuard
 from gateway.canary.samples import SampleBook
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
@@ -71,6 +72,8 @@ class Gateway:
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
         canary = settings.canary
         self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
+        self.guard = CanaryGuard(self.models, self.samples, self.weights, self.canary_metrics,
+                                 canary.judge, canary.check_every)
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
                                    canary.disagreements_kept)
         self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
@@ -126,6 +129,8 @@ class Gateway:
                                self.settings.canary.weights_sync_interval)
             self._tasks.append(asyncio.create_task(self.weights.run(), name="pool-weights"))
         await self.access.start(self.metrics)
+        if self.settings.canary.auto_rollback:
+            self._tasks.append(asyncio.create_task(self.guard.run(), name="canary-guard"))
         if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
             self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),
                                                    name="metrics-publish"))

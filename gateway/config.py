@@ -220,6 +220,9 @@ class CanaryConfig(_Strict):
     weights_sync_interval: float = Field(1.0, gt=0, description="with redis_url: seconds "
                                          "between reads of the shared pool weights")
     judge: CanaryJudgeConfig = CanaryJudgeConfig()
+    auto_rollback: bool = Field(False, description="a failing canary's weight is set to 0 "
+                                "(logged, counted, shown in /admin); never a promotion")
+    check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts")
 
 
 def parse_nameserver(text: str) -> tuple[str, int]:

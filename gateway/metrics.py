@@ -511,6 +511,9 @@ class CanaryMetrics:
                                       "replica of the shadow pool at its in-flight limit; "
                                       "rejected: no replica of the shadow pool can take it).",
                                       ("model", "pool", "reason"), registry=r)
+        self.rollbacks = Counter("llm_gateway_canary_rollbacks",
+                                 "Canary pools whose weight the automatic guard set to 0 "
+                                 "after a failing verdict.", ("model", "pool"), registry=r)
         self.pairs = Counter("llm_gateway_shadow_pairs",
                              "Primary/shadow pairs whose generated texts were compared, by "
                              "result (agreed: the same text) and greedy (temperature 0).",

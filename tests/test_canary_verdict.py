@@ -9,6 +9,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -24,13 +25,14 @@ INSTANT = ("--profile", "instant")
 
 
 @contextlib.contextmanager
-def fleet(tmp: Path, baseline: tuple[str, ...], canary: tuple[str, ...]) -> Iterator[str]:
+def fleet(tmp: Path, baseline: tuple[str, ...], canary: tuple[str, ...],
+          **canary_settings: object) -> Iterator[str]:
     with sim("vllm", MODEL, 4096, *baseline) as a, sim("vllm", MODEL, 4096, *canary) as b:
         config = {"models": [{"name": MODEL, "pools": [
             {"name": "stable", "weight": 50, "replicas": [{"url": a, "name": "stable-1"}]},
             {"name": "canary", "weight": 50, "replicas": [{"url": b, "name": "canary-1"}]}]}],
             "health": {"interval": 0.5}, "admin_token": TOKEN,
-            "canary": {"judge": {"min_samples": 40}}}
+            "canary": {"judge": {"min_samples": 40}, **canary_settings}}
         with gateway_server(tmp, config) as (url, _):
             yield url
 
@@ -98,3 +100,44 @@ def test_unknown_pools_and_models_are_clear_errors(tmp_path: Path) -> None:
                          headers=auth)
         assert same.status_code == 400
         assert httpx.get(f"{url}/admin/canary/{MODEL}").status_code == 401
+
+
+def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}"}
+
+    def canary_weight(url: str) -> float:
+        (model,) = httpx.get(f"{url}/admin/models", headers=auth).json()["models"]
+        return next(p["weight"] for p in model["pools"] if p["pool"] == "canary")
+
+    def rollbacks(url: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1])
+                   for line in httpx.get(f"{url}/metrics").text.splitlines()
+                   if line.startswith("llm_gateway_canary_rollbacks_total{")
+                   and 'pool="canary"' in line)
+
+    with fleet(tmp_path, PACED, PACED, auto_rollback=True, check_every=0.3) as url:
+        send(url, 120)  # identical pools: the guard leaves the weights alone
+        time.sleep(1)
+        assert canary_weight(url) == 50 and rollbacks(url) == 0
+    with fleet(tmp_path, PACED, (*PACED, "--slowdown", "1.3"), auto_rollback=True,
+               check_every=0.3) as url:
+        send(url, 200)
+        deadline = time.monotonic() + 10
+        while canary_weight(url) != 0:
+            assert time.monotonic() < deadline, "the guard never rolled the canary back"
+            time.sleep(0.2)
+        assert rollbacks(url) == 1
+        verdict = httpx.get(f"{url}/admin/canary/{MODEL}", headers=auth).json()
+        (rollback,) = verdict["rollbacks"]
+        assert rollback["pool"] == "canary" and "ttft" in rollback["failed"]
+        before = served_by_canary(url)
+        send(url, 20)  # all to the baseline now; the guard never raises the weight again
+        time.sleep(1)
+        assert canary_weight(url) == 0 and rollbacks(url) == 1
+        assert served_by_canary(url) == before
+
+
+def served_by_canary(url: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1])
+               for line in httpx.get(f"{url}/metrics").text.splitlines()
+               if line.startswith("llm_gateway_requests_total{") and 'pool="canary"' in line)

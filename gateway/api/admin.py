@@ -152,10 +152,13 @@ async def canary_verdict(request: Request, model: str, baseline: str | None = No
     if served is None:
         raise HTTPException(404, f"no model named {model!r}")
     try:  # the statistics take a few ms to a second: off the event loop
-        return await asyncio.to_thread(judge_model, gateway.samples, served,
-                                       gateway.settings.canary.judge, baseline, canary, window)
+        result = await asyncio.to_thread(judge_model, gateway.samples, served,
+                                         gateway.settings.canary.judge, baseline, canary,
+                                         window)
     except CanaryError as exc:
         raise HTTPException(400, str(exc)) from None
+    return {**result, "auto_rollback": gateway.settings.canary.auto_rollback,
+            "rollbacks": gateway.guard.rollbacks.get(model, [])}
 
 
 @router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])
