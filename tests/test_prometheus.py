@@ -28,6 +28,8 @@ import openai
 import pytest
 import yaml
 
+from gateway.access.secret import hash_secret
+
 from support import ROOT, free_port, running, sim, stop, wait_ready
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
@@ -130,22 +132,34 @@ def query(prom: str, expr: str) -> list[dict[str, Any]]:
 MESSAGES = [{"role": "user", "content": "Tell me about gateways."}]
 
 
-def client(gw: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
+# API keys are on, so the boards' key panels have something to show. The split is sticky by
+# key, so each API's traffic alternates between a key that lands in the stable pool (team-a,
+# team-c) and one that lands in the canary pool (team-b, team-d).
+KEYS = {name: f"sk-gw-prom-{name}-0123456789" for name in ("team-a", "team-b", "team-c",
+                                                             "team-d")}
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[name]}"}
+
+
+def client(gw: str, i: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw + "/v1", api_key=KEYS["team-b" if i % 2 else "team-a"],
+                         max_retries=0)
 
 
 def openai_request(gw: str, i: int) -> None:
     if i % 3 == 0:
-        client(gw).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
+        client(gw, i).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
     else:
-        list(client(gw).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12,
-                                                stream=True))
+        list(client(gw, i).chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                   max_tokens=12, stream=True))
 
 
 def tgi_request(gw: str, i: int) -> None:
     route = "/generate_stream" if i % 2 else "/generate"
     r = httpx.post(gw + route, json={"inputs": "Hello", "parameters": {"max_new_tokens": 8}},
-                   timeout=30)
+                   headers=auth("team-d" if i % 2 else "team-c"), timeout=30)
     assert r.status_code == 200, r.text
 
 
@@ -170,7 +184,8 @@ def drive_troubled(gw: str, replicas: dict[str, str]) -> None:
     with pytest.raises(openai.NotFoundError):
         client(gw).chat.completions.create(model="no-such-model", messages=MESSAGES,
                                            max_tokens=1)
-    assert httpx.post(gw + "/v1/completions", content=b"{not json").status_code == 400
+    assert httpx.post(gw + "/v1/completions", content=b"{not json",
+                      headers=auth("team-c")).status_code == 400
     # An engine failing: 5xx and retries on another replica (clients still get answers).
     httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 1.0}).raise_for_status()
     try:
@@ -205,7 +220,8 @@ def without_a_number(values: dict[tuple[str, str, str], list[float]]) -> list:
 
 # The overview panels a healthy system never increments: 0 there, a number once it happens.
 TROUBLE_PANELS = ("Rejections/s by reason", "Upstream errors/s by replica and kind",
-                  "Retries/s by failed replica and kind", "Queue time for a free replica slot")
+                  "Retries/s by failed replica and kind", "Queue time for a free replica slot",
+                  "Rejections/s by API key and reason", "Queue time by API key (p95)")
 AGREEMENT_PANELS = ("Output agreement by shadow pool", "Greedy agreement by shadow pool")
 ENGINE_PANELS = ("Engine queue (waiting requests) per replica",
                  "Engine running requests per replica", "Engine KV cache usage per replica")
@@ -228,6 +244,8 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             "default_model": MODEL,
             "health": {"interval": 0.5, "timeout": 1.0},
             "backpressure": {"max_in_flight_per_replica": 2},
+            "auth": {"keys": [{"name": name, "sha256": hash_secret(secret)}
+                              for name, secret in KEYS.items()]},
         }
         path = tmp_path / "gateway.yaml"
         path.write_text(yaml.safe_dump(config))
