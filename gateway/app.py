@@ -73,7 +73,7 @@ class Gateway:
         canary = settings.canary
         self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
         self.guard = CanaryGuard(self.models, self.samples, self.weights, self.canary_metrics,
-                                 canary.judge, canary.check_every)
+                                 canary.judge, canary.check_every, canary.auto_rollback)
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
                                    canary.disagreements_kept)
         self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
@@ -129,7 +129,7 @@ class Gateway:
                                self.settings.canary.weights_sync_interval)
             self._tasks.append(asyncio.create_task(self.weights.run(), name="pool-weights"))
         await self.access.start(self.metrics)
-        if self.settings.canary.auto_rollback:
+        if self.guard.needed:  # judges every canary; rolls back only with auto_rollback
             self._tasks.append(asyncio.create_task(self.guard.run(), name="canary-guard"))
         if self.metrics.multiprocess:  # --workers N: per-replica gauges go to shared files
             self._tasks.append(asyncio.create_task(self.metrics.publish_forever(),

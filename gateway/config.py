@@ -222,7 +222,9 @@ class CanaryConfig(_Strict):
     judge: CanaryJudgeConfig = CanaryJudgeConfig()
     auto_rollback: bool = Field(False, description="a failing canary's weight is set to 0 "
                                 "(logged, counted, shown in /admin); never a promotion")
-    check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts")
+    check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts "
+                               "(exported as llm_gateway_canary_verdict; rollbacks only with "
+                               "auto_rollback)")
 
 
 def parse_nameserver(text: str) -> tuple[str, int]:

@@ -511,6 +511,14 @@ class CanaryMetrics:
                                       "replica of the shadow pool at its in-flight limit; "
                                       "rejected: no replica of the shadow pool can take it).",
                                       ("model", "pool", "reason"), registry=r)
+        self.verdict = Gauge("llm_gateway_canary_verdict",
+                             "The canary guard's last judgment per metric (metric=\"verdict\": "
+                             "overall): -1 insufficient data, 0 pass, 1 marginal, 2 fail.",
+                             ("model", "baseline", "canary", "metric"),
+                             multiprocess_mode="livemostrecent", registry=r)
+        self.score = Gauge("llm_gateway_canary_score", "The canary guard's last score (0-100; "
+                           "NaN while data is insufficient).", ("model", "baseline", "canary"),
+                           multiprocess_mode="livemostrecent", registry=r)
         self.rollbacks = Counter("llm_gateway_canary_rollbacks",
                                  "Canary pools whose weight the automatic guard set to 0 "
                                  "after a failing verdict.", ("model", "pool"), registry=r)

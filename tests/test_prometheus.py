@@ -246,6 +246,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             "backpressure": {"max_in_flight_per_replica": 2},
             "auth": {"keys": [{"name": name, "sha256": hash_secret(secret)}
                               for name, secret in KEYS.items()]},
+            "canary": {"check_every": 1},  # the verdict panel: the guard judges every second
         }
         path = tmp_path / "gateway.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -28,6 +28,8 @@ from gateway.config import CanaryJudgeConfig
 LATENCY_METRICS = {"ttft": ("ttft", 1), "itl": ("itl", 1), "e2e": ("e2e", 1),
                    "tokens_per_s": ("tokens_per_s", -1)}
 EXIT_CODES = {"pass": 0, "fail": 1, "insufficient data": 2, "marginal": 3}
+# llm_gateway_canary_verdict's values: worse is higher; no judgment yet is -1
+GAUGE_CODES = {"insufficient data": -1, "pass": 0, "marginal": 1, "fail": 2}
 
 
 def _values(samples: Sequence[Sample], field: str) -> list[float]:
@@ -35,7 +37,7 @@ def _values(samples: Sequence[Sample], field: str) -> list[float]:
 
 
 def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample],
-                  config: CanaryJudgeConfig) -> dict[str, Any]:
+                  config: CanaryJudgeConfig, interval: bool = True) -> dict[str, Any]:
     field, worse_sign = LATENCY_METRICS[name]
     a, b = _values(baseline, field), _values(canary, field)
     out: dict[str, Any] = {"metric": name, "baseline_n": len(a), "canary_n": len(b),
@@ -43,7 +45,11 @@ def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample
                            "critical": name in config.critical}
     if len(a) < config.min_samples or len(b) < config.min_samples:
         return {**out, "class": "insufficient data"}
-    change, low, high = median_change(a, b, 1 - config.significance)
+    if interval:
+        change, low, high = median_change(a, b, 1 - config.significance)
+    else:  # the class needs only the point change (the bootstrap is most of the cost)
+        change = statistics.median(b) / statistics.median(a) - 1 if statistics.median(a) else 0.0
+        low = high = change
     _, p = mann_whitney(a, b)
     worse = worse_sign * change
     threshold = out["threshold"]
@@ -74,9 +80,11 @@ def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
 
 
 def verdict(baseline: Sequence[Sample], canary: Sequence[Sample],
-            config: CanaryJudgeConfig) -> dict[str, Any]:
-    """Every metric's judgment, the score and the overall verdict."""
-    metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
+            config: CanaryJudgeConfig, interval: bool = True) -> dict[str, Any]:
+    """Every metric's judgment, the score and the overall verdict (``interval``: with the
+    bootstrap confidence intervals, which do not change any class)."""
+    metrics = [judge_latency(name, baseline, canary, config, interval)
+               for name in LATENCY_METRICS]
     metrics.append(judge_errors(baseline, canary, config))
     requests = {"baseline": len(baseline), "canary": len(canary)}
     if min(requests.values()) < config.min_samples:
