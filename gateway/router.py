@@ -91,9 +91,9 @@ class Router:
         try:
             while True:
                 free = self._free_slots(model, admission, exclude, key)
-                # Waiting requests go first: while any wait, a newcomer joins the queue even
-                # if it sees a free slot (the waiter woken for that slot has not run yet).
-                if free and (ticket is not None or not wait or not len(queue)):
+                # A slot freed for a woken waiter is that waiter's: a newcomer that sees it
+                # joins the queue instead (a free slot no waiter was woken for is free).
+                if free and (ticket is not None or not wait or not queue.promised):
                     placement = self._reserve(model, admission, free, key)
                     if started:
                         placement.queued_for = loop.time() - started
@@ -106,6 +106,7 @@ class Router:
                     deadline = started + self.backpressure.queue_timeout
                     ticket = self._enter_queue(queue, model.name, admission, caller)
                 await self._wait_for_slot(queue, model.name, deadline, ticket)
+                queue.resumed(ticket)
         finally:
             if ticket is not None:
                 queue.leave(ticket)

@@ -164,3 +164,29 @@ async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
     placed.lease.close()
     (await asyncio.wait_for(newcomer, 1)).lease.close()
     assert r.queued("m") == 0
+
+
+async def test_a_free_slot_no_waiter_can_use_is_taken_at_once() -> None:
+    """A waiter held back by its pool (a sticky key) does not hold back a newcomer that can
+    use a free slot elsewhere."""
+    from gateway.canary.split import rendezvous
+
+    pools = [Pool("stable", 50, [Replica("s", "http://s", "vllm", "m", "stable",
+                                         max_model_len=4096)]),
+             Pool("canary", 50, [Replica("c", "http://c", "vllm", "m", "canary",
+                                         max_model_len=4096)])]
+    r = Router({"m": ServedModel("m", pools, None, 4096, 16)}, None,
+               make_policy("least_outstanding_tokens"), InProcessLedger(),
+               BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=10))
+    adm = admission(r)
+    key = next(f"k{i}" for i in range(100) if rendezvous(pools, f"k{i}").name == "stable")
+    busy = await r.place(model=r.models["m"], admission=adm, key=key)
+    waiting = asyncio.create_task(r.place(r.models["m"], adm, key=key))
+    await asyncio.sleep(0.01)
+    assert r.queued("m") == 1
+    other = await asyncio.wait_for(r.place(r.models["m"], adm), 0.05)  # no re-check wait
+    assert other.replica.name == "c"
+    other.lease.close()
+    busy.lease.close()
+    (await asyncio.wait_for(waiting, 1)).lease.close()
+    assert r.queued("m") == 0

@@ -24,7 +24,7 @@ from collections import Counter
 class Ticket:
     """One request's place in the queue, from its first wait until it is placed or leaves."""
 
-    __slots__ = ("tag", "seq", "flow", "waiter", "queued")
+    __slots__ = ("tag", "seq", "flow", "waiter", "queued", "woken")
 
     def __init__(self, tag: float, seq: int, flow: str | None) -> None:
         self.tag = tag
@@ -32,6 +32,7 @@ class Ticket:
         self.flow = flow
         self.waiter: asyncio.Future[None] | None = None
         self.queued = False  # in the heap right now
+        self.woken = False  # picked for a freed slot, not yet back to take it
 
     def __lt__(self, other: "Ticket") -> bool:
         return (self.tag, self.seq) < (other.tag, other.seq)
@@ -48,6 +49,7 @@ class FairQueue:
         self._finish: dict[str | None, float] = {}
         self._seq = itertools.count()
         self.waiting: Counter[str | None] = Counter()  # tickets per flow, entered, not left
+        self.promised = 0  # waiters woken for a freed slot that have not taken it yet
 
     def __len__(self) -> int:
         return sum(self.waiting.values())
@@ -63,12 +65,19 @@ class FairQueue:
         return Ticket(tag, seq, flow)
 
     def leave(self, ticket: Ticket) -> None:
+        self.resumed(ticket)
         self.waiting[ticket.flow] -= 1
         if self.waiting[ticket.flow] <= 0:
             del self.waiting[ticket.flow]
             if not self.waiting:  # nobody waits: old tags mean nothing any more
                 self._finish.clear()
         ticket.waiter = None  # a stale heap entry is skipped by ``wake_one``
+
+    def resumed(self, ticket: Ticket) -> None:
+        """A woken waiter runs again: the slot it was woken for is no longer promised."""
+        if ticket.woken:
+            ticket.woken = False
+            self.promised -= 1
 
     def park(self, ticket: Ticket, waiter: asyncio.Future[None]) -> None:
         """Queue the ticket's request until ``wake_one`` picks it (at its original tag)."""
@@ -87,5 +96,8 @@ class FairQueue:
                 if self.fair:
                     self._virtual = max(self._virtual, ticket.tag)
                 waiter.set_result(None)
+                if not ticket.woken:
+                    ticket.woken = True
+                    self.promised += 1
                 return True
         return False
