@@ -151,7 +151,7 @@ async def canary_verdict(request: Request, model: str, baseline: str | None = No
     served = gateway.models.get(model)
     if served is None:
         raise HTTPException(404, f"no model named {model!r}")
-    try:  # the statistics take a few ms to a second: off the event loop
+    try:  # the statistics sort every sample: off the event loop
         result = await asyncio.to_thread(judge_model, gateway.samples, served,
                                          gateway.settings.canary.judge, baseline, canary,
                                          window)

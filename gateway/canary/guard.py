@@ -2,8 +2,7 @@
 default) roll a failing one back, never forward.
 
 Every ``check_every`` seconds it judges each model that has a baseline and a canary pool
-(gateway/canary/judge.py, default pools and window, without the bootstrap intervals, which
-change no class) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
+(gateway/canary/judge.py, default pools and window) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
 {model, baseline, canary, metric} (-1 insufficient data, 0 pass, 1 marginal, 2 fail; metric
 "verdict" is the overall one) and ``llm_gateway_canary_score``. With ``auto_rollback`` a
 ``fail`` sets the canary's weight to 0 through the runtime weights (shared with every
@@ -65,8 +64,7 @@ class CanaryGuard:
             except CanaryError:
                 continue
             out.append((model.name, baseline, canary,
-                        judge_model(self.samples, model, self.config, baseline, canary,
-                                    interval=False)))
+                        judge_model(self.samples, model, self.config, baseline, canary)))
         return out
 
     def apply(self, judged: list[tuple[str, str, str, dict[str, Any]]]) -> None:

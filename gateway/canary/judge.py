@@ -37,7 +37,7 @@ def _values(samples: Sequence[Sample], field: str) -> list[float]:
 
 
 def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample],
-                  config: CanaryJudgeConfig, interval: bool = True) -> dict[str, Any]:
+                  config: CanaryJudgeConfig) -> dict[str, Any]:
     field, worse_sign = LATENCY_METRICS[name]
     a, b = _values(baseline, field), _values(canary, field)
     out: dict[str, Any] = {"metric": name, "baseline_n": len(a), "canary_n": len(b),
@@ -45,11 +45,7 @@ def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample
                            "critical": name in config.critical}
     if len(a) < config.min_samples or len(b) < config.min_samples:
         return {**out, "class": "insufficient data"}
-    if interval:
-        change, low, high = median_change(a, b, 1 - config.significance)
-    else:  # the class needs only the point change (the bootstrap is most of the cost)
-        change = statistics.median(b) / statistics.median(a) - 1 if statistics.median(a) else 0.0
-        low = high = change
+    change, low, high = median_change(a, b, 1 - config.significance)
     _, p = mann_whitney(a, b)
     worse = worse_sign * change
     threshold = out["threshold"]
@@ -80,11 +76,9 @@ def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
 
 
 def verdict(baseline: Sequence[Sample], canary: Sequence[Sample],
-            config: CanaryJudgeConfig, interval: bool = True) -> dict[str, Any]:
-    """Every metric's judgment, the score and the overall verdict (``interval``: with the
-    bootstrap confidence intervals, which do not change any class)."""
-    metrics = [judge_latency(name, baseline, canary, config, interval)
-               for name in LATENCY_METRICS]
+            config: CanaryJudgeConfig) -> dict[str, Any]:
+    """Every metric's judgment, the score and the overall verdict."""
+    metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
     metrics.append(judge_errors(baseline, canary, config))
     requests = {"baseline": len(baseline), "canary": len(canary)}
     if min(requests.values()) < config.min_samples:

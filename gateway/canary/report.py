@@ -60,13 +60,13 @@ def choose_pools(model: ServedModel, baseline: str | None,
 
 def judge_model(samples: SampleBook, model: ServedModel, config: CanaryJudgeConfig,
                 baseline: str | None = None, canary: str | None = None,
-                window: float | None = None, interval: bool = True) -> dict[str, Any]:
+                window: float | None = None) -> dict[str, Any]:
     """The verdict over the last ``window`` seconds (both pools, the same period)."""
     baseline, canary = choose_pools(model, baseline, canary)
     window = window or config.window
     since = time.time() - window
     result = verdict(samples.window(model.name, baseline, since),
-                     samples.window(model.name, canary, since), config, interval)
+                     samples.window(model.name, canary, since), config)
     return {"model": model.name, "baseline": baseline, "canary": canary,
             "window_s": window, **result, "exit_code": EXIT_CODES[result["verdict"]]}
 

@@ -6,13 +6,12 @@
   samples a side; the verdict needs more than that anyway).
 - ``two_proportions``: do two error rates differ? The pooled two-proportion z-test.
 - ``median_change``: the relative change of the median, canary against baseline, with a
-  seeded bootstrap confidence interval.
+  confidence interval from the medians' distribution-free (order-statistic) intervals.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from typing import Sequence
 
@@ -58,18 +57,29 @@ def two_proportions(errors_a: int, n_a: int, errors_b: int, n_b: int) -> float:
     return _normal_two_sided((errors_b / n_b - errors_a / n_a) / math.sqrt(variance))
 
 
-def median_change(baseline: Sequence[float], canary: Sequence[float], confidence: float = 0.95,
-                  resamples: int = 400, seed: int = 0) -> tuple[float, float, float]:
-    """(change, low, high): median(canary) / median(baseline) - 1 and its bootstrap interval."""
-    def change(a: Sequence[float], b: Sequence[float]) -> float:
-        base = statistics.median(a)
-        return statistics.median(b) / base - 1 if base else 0.0
+def _log_median_and_se(values: Sequence[float]) -> tuple[float, float]:
+    """ln(median) and its standard error, from the distribution-free interval of the median
+    (the order statistics at n/2 -+ 1.96 sqrt(n)/2): one sort, any distribution."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 1.959964 * math.sqrt(n) / 2
+    low = ordered[max(0, math.floor(n / 2 - half))]
+    high = ordered[min(n - 1, math.ceil(n / 2 + half))]
+    median = statistics.median(ordered)
+    if median <= 0 or low <= 0:
+        return math.log(median) if median > 0 else 0.0, 0.0
+    return math.log(median), (math.log(high) - math.log(low)) / (2 * 1.959964)
 
-    point = change(baseline, canary)
-    rng = random.Random(seed)
-    draws = sorted(change(rng.choices(baseline, k=len(baseline)),
-                          rng.choices(canary, k=len(canary))) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    low = draws[int(tail * (resamples - 1))]
-    high = draws[int((1 - tail) * (resamples - 1))]
-    return point, low, high
+
+def median_change(baseline: Sequence[float], canary: Sequence[float],
+                  confidence: float = 0.95) -> tuple[float, float, float]:
+    """(change, low, high): median(canary) / median(baseline) - 1 and its interval (the log
+    ratio of the medians with their order-statistic standard errors; O(n log n), so a
+    report on thousands of requests takes milliseconds)."""
+    base, se_base = _log_median_and_se(baseline)
+    can, se_can = _log_median_and_se(canary)
+    if base == 0.0 and se_base == 0.0 and statistics.median(baseline) <= 0:
+        return 0.0, 0.0, 0.0
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    ratio, se = can - base, math.sqrt(se_base ** 2 + se_can ** 2)
+    return math.exp(ratio) - 1, math.exp(ratio - z * se) - 1, math.exp(ratio + z * se) - 1
