@@ -39,8 +39,9 @@ class Ticket:
 
 
 class FairQueue:
-    """The waiters of one model. ``enter`` once per waiting request (a ticket), ``wait``
-    with that ticket as often as needed, ``leave`` when it stops waiting (always)."""
+    """The waiters of one model. ``enter`` once per waiting request (a ticket), ``park``
+    that ticket each time it waits, ``resumed`` each time it runs again, ``leave`` when it
+    stops waiting (always); ``wake_one`` when a slot frees."""
 
     def __init__(self, fair: bool = True) -> None:
         self.fair = fair
