@@ -85,6 +85,30 @@ def test_identical_pools_never_fail_over_many_seeds() -> None:
     assert verdicts.count("fail") == 0 and verdicts.count("pass") >= 36, verdicts
 
 
+def test_a_significant_change_within_the_threshold_passes() -> None:
+    """5,000 requests a side make a 1% slowdown significant; 1% is within 10%: a pass (CI
+    judged identical pools marginal when significance alone made a metric marginal)."""
+    rng = random.Random(5)
+    result = verdict(samples(rng, 5000), samples(rng, 5000, slowdown=1.01), CONFIG)
+    itl = next(m for m in result["metrics"] if m["metric"] == "itl")
+    assert itl["p_value"] < 0.05 and 0 < itl["change"] < 0.1, itl
+    assert set(classes(result).values()) == {"pass"} and result["verdict"] == "pass"
+
+
+def test_a_large_change_not_yet_significant_is_marginal() -> None:
+    """TTFTs spread over two orders of magnitude: 15% slower moves the median past the
+    threshold, but 60 requests a side cannot tell it from chance."""
+    now = time.time()
+
+    def pool(scale: float) -> list[Sample]:
+        return [Sample(now, False, scale * 0.01 * 1.08 ** i, 0.01, 1.0, 100.0) for i in range(60)]
+
+    result = verdict(pool(1.0), pool(1.15), CONFIG)
+    ttft = next(m for m in result["metrics"] if m["metric"] == "ttft")
+    assert ttft["p_value"] >= 0.05 and ttft["change"] > 0.1, ttft
+    assert ttft["class"] == "marginal" and classes(result)["itl"] == "pass"
+
+
 def test_too_few_requests_is_insufficient_data_never_a_pass() -> None:
     rng = random.Random(3)
     for n in (0, 10, 49):

@@ -187,10 +187,18 @@ def drive_troubled(gw: str, replicas: dict[str, str]) -> None:
     assert httpx.post(gw + "/v1/completions", content=b"{not json",
                       headers=auth("team-c")).status_code == 400
     # An engine failing: 5xx and retries on another replica (clients still get answers).
+    # Prompts new to every replica, so prefix affinity does not steer them all to vllm-b
+    # (ties go at random); bounded: until the gateway has met the failing engine.
+    errors = _gateway_total(gw, "llm_gateway_upstream_errors_total")
     httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 1.0}).raise_for_status()
     try:
-        for i in range(6):
-            openai_request(gw, i)
+        for i in range(40):
+            client(gw, i).completions.create(model=MODEL, prompt=f"{time.time()} {i}",
+                                             max_tokens=4)
+            if _gateway_total(gw, "llm_gateway_upstream_errors_total") > errors:
+                break
+        else:
+            pytest.fail("40 requests and none reached the failing replica vllm-a")
     finally:
         httpx.post(replicas["vllm-a"] + "/sim/faults", json={"error_rate": 0.0})
 
