@@ -1,0 +1,300 @@
+"""The data path's HTTP/1.1 client (``gateway.upstream``) against real loopback servers, and
+the two ways a stream reaches the client (``gateway.api.client_sink``) under real uvicorn
+servers.
+
+The servers here are raw asyncio servers writing exact bytes, so each framing (chunked,
+content-length, until-close), a connection the server closes while idle, and a body cut in
+the middle are produced on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from typing import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.api.client_sink import client_sink
+from gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
+                              UpstreamTransportError)
+from support import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+
+
+class Server:
+    """A loopback HTTP server that answers each request with ``handler`` (which returns
+    whether to keep the connection open); counts connections and requests."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                if not await self.handler(reader, writer, len(self.requests)):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[tuple[str, Server]]:
+    server = Server(handler)
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        listener.close()
+
+
+def answer(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+class Collect:
+    """A body handler that keeps what it gets."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def on_body(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def on_end(self, error: UpstreamError | None) -> None:
+        self.ended.set_result(error)
+
+
+async def test_a_connection_is_kept_alive_and_reused() -> None:
+    async def handler(reader, writer, n) -> bool:
+        writer.write(answer(b'{"n": %d}' % n, b"x-engine: sim\r\n"))
+        return True
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        for n in (1, 2, 3):
+            response = await pool.request(url, "/v1/completions", b'{"a": 1}',
+                                          [(b"content-type", b"application/json")], 1.0)
+            assert response.status == 200 and await response.read() == b'{"n": %d}' % n
+            assert response.headers["x-engine"] == "sim"
+            assert (b"x-engine", b"sim") in response.raw_headers
+        assert server.connections == 1
+        first = server.requests[0]
+        assert first.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        assert b"\r\ncontent-length: 8\r\n" in first and first.endswith(b'\r\n\r\n{"a": 1}')
+        assert b"\r\ncontent-type: application/json\r\n" in first
+    await pool.close()
+
+
+async def test_a_connection_the_replica_closed_while_idle_is_replaced_once() -> None:
+    async def handler(reader, writer, n) -> bool:
+        if n == 2:  # closes the kept-alive connection as the request arrives: no answer
+            return False
+        writer.write(answer(b"ok %d" % n))
+        return True
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 1"
+        response = await pool.request(url, "/", b"", [], 1.0)
+        assert await response.read() == b"ok 3"  # sent again on a fresh connection
+        assert server.connections == 2 and len(server.requests) == 3
+    await pool.close()
+
+
+async def test_a_fresh_connection_closed_without_an_answer_is_an_error() -> None:
+    async def handler(reader, writer, n) -> bool:
+        return False
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        with pytest.raises(UpstreamTransportError):
+            await pool.request(url, "/", b"", [], 1.0)
+        assert len(server.requests) == 1  # not sent twice
+    await pool.close()
+
+
+async def test_idle_connections_older_than_keepalive_are_not_reused() -> None:
+    async def handler(reader, writer, n) -> bool:
+        writer.write(answer(b"ok"))
+        return True
+
+    pool = UpstreamPool(keepalive=0.05)
+    async with serving(handler) as (url, server):
+        await (await pool.request(url, "/", b"", [], 1.0)).read()
+        await asyncio.sleep(0.1)
+        await (await pool.request(url, "/", b"", [], 1.0)).read()
+        assert server.connections == 2
+    await pool.close()
+
+
+@pytest.mark.parametrize("framing", ["chunked", "until-close"])
+async def test_a_streamed_body_is_delivered_read_by_read_and_decoded(framing: str) -> None:
+    events = [b"data: {\"t\": %d}\n\n" % i for i in range(3)]
+
+    async def handler(reader, writer, n) -> bool:
+        if framing == "chunked":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"connection: close\r\n\r\n")
+        for event in events:
+            await asyncio.sleep(0.01)
+            writer.write(b"%x\r\n%b\r\n" % (len(event), event) if framing == "chunked"
+                         else event)
+        if framing == "chunked":
+            writer.write(b"0\r\n\r\n")
+        return framing == "chunked"
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        response = await pool.request(url, "/v1/completions", b"{}", [], 1.0)
+        body = Collect()
+        response.stream(body)
+        assert await asyncio.wait_for(body.ended, 5) is None
+        assert body.chunks == events  # one call per read, de-chunked
+        assert response.ended
+    await pool.close()
+
+
+async def test_a_body_cut_in_the_middle_ends_with_an_error() -> None:
+    async def handler(reader, writer, n) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        return False  # closes without the last chunk
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, _):
+        response = await pool.request(url, "/", b"", [], 1.0)
+        body = Collect()
+        response.stream(body)
+        error = await asyncio.wait_for(body.ended, 5)
+        assert isinstance(error, UpstreamTransportError) and body.chunks == [b"hello"]
+    await pool.close()
+
+
+async def test_nothing_listening_is_a_connect_error() -> None:
+    pool = UpstreamPool(keepalive=5)
+    with pytest.raises(UpstreamConnectError):
+        await pool.request(f"http://127.0.0.1:{free_port()}", "/", b"", [], 1.0)
+    await pool.close()
+
+
+async def test_closing_an_unfinished_response_drops_the_connection() -> None:
+    gone = asyncio.Event()
+
+    async def handler(reader, writer, n) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            if await reader.read(1) == b"":  # the gateway closed its end
+                gone.set()
+        return False
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        response = await pool.request(url, "/", b"", [], 1.0)
+        response.close()
+        await asyncio.wait_for(gone.wait(), 5)
+        assert response.ended
+    await pool.close()
+
+
+async def test_the_per_replica_limit_holds_an_exchange_until_one_ends() -> None:
+    release = asyncio.Event()
+
+    async def handler(reader, writer, n) -> bool:
+        if n == 1:
+            await release.wait()
+        writer.write(answer(b"%d" % n))
+        return True
+
+    pool = UpstreamPool(keepalive=5, max_per_origin=1)
+    async with serving(handler) as (url, server):
+        first = asyncio.ensure_future(pool.request(url, "/", b"", [], 1.0))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(pool.request(url, "/", b"", [], 1.0))
+        await asyncio.sleep(0.1)
+        assert not second.done() and len(server.requests) == 1  # waiting for the slot
+        release.set()
+        assert await (await first).read() == b"1"
+        assert await (await asyncio.wait_for(second, 5)).read() == b"2"
+        assert server.connections == 1
+    await pool.close()
+
+
+# The client side: which sink a stream takes under each uvicorn protocol, and that both
+# produce the same chunked body.
+
+async def _sink_app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    sink = client_sink(send)
+    for event in (type(sink).__name__.encode(), b"data: 1\n\n", b"", b"data: 2\n\n"):
+        sink.write(event)
+        await asyncio.sleep(0.005)
+    await sink.finish()
+    sink.close()
+
+
+@pytest.mark.parametrize("http, sink", [("httptools", b"_TransportSink"), ("h11", b"_SendSink")])
+def test_a_stream_is_written_straight_to_uvicorns_transport_or_through_send(
+        http: str, sink: bytes) -> None:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_sink_app, host="127.0.0.1", port=port, http=http,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with httpx.Client() as client:
+            for _ in range(2):  # the connection stays usable after the stream
+                response = client.get(f"http://127.0.0.1:{port}/")
+                assert response.headers["transfer-encoding"] == "chunked"
+                assert response.content == sink + b"data: 1\n\ndata: 2\n\n"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:
+    """A server that answers on an idle kept-alive connection (a 408 before closing, say):
+    the connection is dropped, and the next request goes out on a fresh one."""
+    async def handler(reader, writer, n) -> bool:
+        writer.write(answer(b"ok %d" % n))
+        if n == 1:
+            await asyncio.sleep(0.02)
+            writer.write(answer(b"unasked"))  # keeps the connection open
+        return True
+
+    pool = UpstreamPool(keepalive=5)
+    async with serving(handler) as (url, server):
+        assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 1"
+        await asyncio.sleep(0.1)
+        assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 2"
+        assert server.connections == 2
+    await pool.close()
