@@ -2,11 +2,14 @@
 
 Same-dialect streams pass through as bytes: each upstream read (however many SSE events it
 holds) becomes one write to the client, so events waiting upstream are coalesced and a lone
-token goes out at once. Every complete event is forwarded in order, whatever it carries (a
+token goes out at once. After its first token a stream is driven by the upstream
+connection's reads (``RelayedStream`` is the connection's body handler): each read is
+metered and written to the client's transport in the same callback, with no coroutine
+switch per event. Every complete event is forwarded in order, whatever it carries (a
 usage chunk the client did not ask for is the one exception); events that carry no token
 before the first one (a chat role chunk) wait for it, so a replica that fails before its
 first token can still be retried. Events are only parsed where something must be read out
-of them (usage, TGI's final details). The lease is released exactly once, in ``finally``, whether the
+of them (usage, TGI's final details). The lease is released exactly once, when the exchange ends, whether the
 request completes, fails, times out or the client leaves.
 
 A request whose replica speaks the other dialect (a TGI client on vLLM, OpenAI completions on
@@ -21,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, Callable, Protocol
 
-import aiohttp
 import orjson
 
 from gateway.config import TimeoutsConfig
@@ -37,9 +39,10 @@ from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import StreamReader, Translation, plan
 from gateway.protocol.usage import Usage
 from gateway.router import Placement
+from gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 
 # Response headers of the engine that are not passed on to the client.
-# (Bytes, as aiohttp's raw_headers are. Bodies pass through undecoded, so content-encoding
+# (Bytes, as raw headers are. Bodies pass through undecoded, so content-encoding
 # stays; the server writes its own length, framing, date and server headers.)
 _DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate",
                               b"proxy-authorization", b"te", b"trailer", b"transfer-encoding",
@@ -58,8 +61,29 @@ class Reply:
     headers: list[tuple[bytes, bytes]]
     body: bytes = b""
     first: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
+    stream: "RelayedStream | None" = None  # the rest of a stream, after ``first``
     usage: Usage | None = None  # the engine's count, known once the body or stream is done
+
+
+class Sink(Protocol):
+    """Where a stream's bytes go after its first token: the client's connection (or a
+    canary's shadow reader). ``write`` is called from the upstream read callback."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def full(self) -> bool:
+        """True while the client is not keeping up (the relay stops reading upstream)."""
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the client has caught up."""
+
+
+class Tap(Protocol):
+    """Reads a stream as it passes (the canary's primary text)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def end(self, ok: bool) -> None: ...
 
 
 def upstream_body(request: GenerationRequest) -> bytes:
@@ -92,16 +116,14 @@ def _usage_from_json(payload: Any, api: Api) -> Usage:
 
 
 class Relay:
-    def __init__(self, session: aiohttp.ClientSession, timeouts: TimeoutsConfig,
+    def __init__(self, pool: UpstreamPool, timeouts: TimeoutsConfig,
                  metrics: GatewayMetrics, outlier: OutlierDetector | None = None,
                  samples: SampleBook | None = None) -> None:
-        self.session = session
+        self.pool = pool
         self.samples = samples  # per-pool request figures for the canary verdict
         self.timeouts = timeouts
         self.metrics = metrics
         self.outlier = outlier
-        self._connect_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
-                                                      sock_connect=timeouts.connect)
 
     async def forward(self, request: GenerationRequest, placement: Placement, arrival: float,
                       request_id: str) -> Reply:
@@ -110,7 +132,7 @@ class Relay:
         replica = placement.replica
         meter = self.metrics.for_replica(replica, request.api,
                                          "shadow" if request.shadow else "primary")
-        response: aiohttp.ClientResponse | None = None
+        response: UpstreamResponse | None = None
         content = b""
         try:
             # The other dialect's engine: translated, chosen now that the replica is known.
@@ -118,30 +140,30 @@ class Relay:
                                placement.model.tokenizer, placement.model.window(replica))
             if translation is None:
                 path, body = request.path, upstream_body(request)
-                headers = {"content-type": "application/json", "x-request-id": request_id}
             else:
                 path, body = translation.path, translation.body
-                headers = {"content-type": "application/json", "x-request-id": request_id,
-                           "accept-encoding": "identity"}  # the answer is parsed, not passed on
+            # Bodies pass through undecoded: ask for them uncompressed (the client may not
+            # accept an encoding, and a translated answer is parsed).
+            headers = ((b"content-type", b"application/json"),
+                       (b"x-request-id", request_id.encode()),
+                       (b"accept-encoding", b"identity"))
             meter.overhead.observe(time.perf_counter() - arrival)
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream
                                            else self.timeouts.total):
-                    response = await self.session.post(replica.url + path, data=body,
-                                                       headers=headers,
-                                                       timeout=self._connect_timeout)
+                    response = await self.pool.request(replica.url, path, body, headers,
+                                                       self.timeouts.connect)
                     if response.status >= 400 or not request.stream:
                         content = await response.read()
             except TimeoutError:
                 self.metrics.upstream_error(replica, "timeout")
                 self._failed(replica, request)
                 raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
-            except aiohttp.ClientError as exc:
-                kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "transport"
+            except UpstreamError as exc:
+                kind = "connect" if isinstance(exc, UpstreamConnectError) else "transport"
                 self.metrics.upstream_error(replica, kind)
                 self._failed(replica, request)
-                error = UpstreamUnavailable(f"replica {replica.name} failed: "
-                                            f"{type(exc).__name__}: {exc}")
+                error = UpstreamUnavailable(f"replica {replica.name} failed: {exc}")
                 error.retry_kind = kind
                 raise error from None
             if response.status >= 400:
@@ -171,8 +193,14 @@ class Relay:
         reader: StreamReader = (translation.reader() if translation is not None else _EventReader(
             request.api, strip_usage=request.api is Api.OPENAI and not request.wants_usage))
         reply = Reply(response.status, reply_headers)
-        reply.stream = self._stream(request, placement, meter, response, arrival, reader, reply)
-        reply.first = await reply.stream.__anext__()  # raises (retryable) if it fails first
+        stream = RelayedStream(self, request, placement, meter, response, arrival, reader, reply)
+        reply.stream = stream
+        response.stream(stream)
+        try:
+            reply.first = await stream.first()  # raises (retryable) if it fails first
+        except BaseException:
+            stream.close()  # the client left (a failure has closed it already)
+            raise
         return reply
 
     # A shadow copy (canary) never ejects a replica nor clears its failures: its outcome
@@ -186,7 +214,7 @@ class Relay:
             self.outlier.success(replica)
 
     @staticmethod
-    def _headers(response: aiohttp.ClientResponse, placement: Placement,
+    def _headers(response: UpstreamResponse, placement: Placement,
                  request_id: str) -> list[tuple[bytes, bytes]]:
         headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROPPED_HEADERS
                    and not k.lower().startswith(b"x-gateway-") and k.lower() != b"x-request-id"]
@@ -196,7 +224,7 @@ class Relay:
         return headers
 
     def _complete(self, request: GenerationRequest, placement: Placement, meter: RequestMetrics,
-                  response: aiohttp.ClientResponse, body: bytes,
+                  response: UpstreamResponse, body: bytes,
                   headers: list[tuple[bytes, bytes]], arrival: float,
                   translation: Translation | None) -> Reply:
         placement.lease.close()
@@ -251,128 +279,196 @@ class Relay:
                                     None if first_at is None else first_at - arrival, itl,
                                     now - arrival, tokens_per_s)
 
-    async def _stream(self, request: GenerationRequest, placement: Placement,
-                      meter: RequestMetrics, response: aiohttp.ClientResponse,
-                      arrival: float, reader: StreamReader,
-                      reply: Reply) -> AsyncIterator[bytes]:
-        api = request.api
-        lease = placement.lease
-        # iter_any: whatever is buffered, in one piece (waiting events are coalesced).
-        chunks = response.content.iter_any().__aiter__()
-        timeout = self.timeouts.first_token
-        deadline = _Deadline(response)
-        held = b""  # tokenless events (a chat role chunk, keep-alives) before the first token
-        first_at = last_at = None
-        status = 200
-        try:
-            try:
-                while True:
-                    deadline.set(timeout)
-                    try:
-                        chunk = await chunks.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    out, events = reader.feed(chunk)
-                    if events:
-                        last_at = time.perf_counter()
-                        if first_at is None:
-                            first_at = last_at
-                            lease.first_token()
-                            meter.ttft.observe(first_at - arrival)
-                            out, held = held + out, b""
-                        lease.generated(events)
-                        # Between tokens, but never past the request's total budget.
-                        timeout = min(self.timeouts.between_tokens,
-                                      max(arrival + self.timeouts.total - last_at, 0.0))
-                    elif first_at is None:
-                        held += out  # sent with the first token: until then a retry is possible
-                        continue
-                    if out:
-                        yield out
-            except aiohttp.ClientError:
-                if not deadline.expired:
-                    raise
-            if deadline.expired:
-                raise TimeoutError
-            if not reader.finished:
-                raise UpstreamUnavailable(f"replica {placement.replica.name} ended the stream "
-                                          f"before it was complete")
-            if held or reader.pending:  # a stream without tokens; a last unterminated event
-                yield held + reader.pending
-        except TimeoutError:
-            status = 504
-            self.metrics.upstream_error(placement.replica, "stream_timeout")
-            error = UpstreamTimeout(f"replica {placement.replica.name} sent no token for "
-                                    f"{timeout:g}s (or the request ran past its total "
-                                    f"{self.timeouts.total:g}s)")
-            if first_at is None:
-                raise error from None  # nothing sent yet: a plain error response
-            yield error.sse_event(api)
-        except (aiohttp.ClientError, UpstreamUnavailable) as exc:
-            status = 502
-            self.metrics.upstream_error(placement.replica, "stream_broken")
-            error = exc if isinstance(exc, GatewayError) else UpstreamUnavailable(
-                f"replica {placement.replica.name} stream broke: {type(exc).__name__}")
-            if first_at is None:  # nothing sent yet: another replica may take it
-                error.retry_kind = "transport"
-                raise error from None
-            yield error.sse_event(api)
-        except (GeneratorExit, asyncio.CancelledError):
-            status = 499  # the client left mid-stream: not a success
-            raise
-        finally:
-            deadline.cancel()
-            lease.close()
-            if status >= 500:
-                self._failed(placement.replica, request)
-            elif first_at is not None:
-                self._succeeded(placement.replica, request)
-            if reader.usage.completion_tokens is None:  # engine sent no usage: count events
-                reader.usage.completion_tokens = reader.token_events
-            reply.usage = reader.usage
-            self._account(meter, reader.usage, arrival, first_at, last_at, status,
-                          placement.replica)
-            if response.content.at_eof():
-                response.release()  # back to the keep-alive pool
-            else:
-                response.close()  # cut: the engine sees the disconnect and aborts
 
+class RelayedStream:
+    """A streamed answer on its way from the replica to the client.
 
-class _Deadline:
-    """One timer per stream: an upstream silent past the deadline is closed (then reported).
-
-    Cheaper than an ``asyncio.timeout`` per chunk: moving the deadline is a float store, and
-    the timer is only re-armed when it fires before the deadline it finds, or when the
-    deadline moves earlier (once: from the first-token to the between-tokens timeout).
+    It is the upstream response's body handler: every read is split into whole events, metered
+    (first token, tokens for the lease) and written to the sink in the same call. Until the
+    first token nothing is written (``first()`` waits for it, so a replica that fails before
+    can be retried); between the first token and ``attach`` reads wait in a backlog. One timer
+    per stream enforces the first-token, between-tokens and total timeouts: moving the
+    deadline is a float store, and the timer is re-armed only when it fires early.
     """
 
-    __slots__ = ("at", "expired", "_loop", "_response", "_handle")
+    __slots__ = ("relay", "request", "placement", "meter", "response", "arrival", "reader",
+                 "reply", "held", "backlog", "sink", "taps", "first_at", "last_at", "status",
+                 "ended", "timeout", "deadline", "_loop", "_timer", "_first", "_done",
+                 "_paused")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, relay: Relay, request: GenerationRequest, placement: Placement,
+                 meter: RequestMetrics, response: UpstreamResponse, arrival: float,
+                 reader: StreamReader, reply: Reply) -> None:
+        self.relay, self.request, self.placement, self.meter = relay, request, placement, meter
+        self.response, self.arrival, self.reader, self.reply = response, arrival, reader, reply
+        self.held = b""  # tokenless events (a chat role chunk) before the first token
+        self.backlog: list[bytes] = []  # after the first token, before attach()
+        self.sink: Sink | None = None
+        self.taps: list[Tap] = []
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.status = 200
+        self.ended = False
         self._loop = asyncio.get_running_loop()
-        self._response = response
-        self._handle: asyncio.TimerHandle | None = None
-        self.at = 0.0
-        self.expired = False
+        self.timeout = relay.timeouts.first_token
+        self.deadline = self._loop.time() + self.timeout
+        self._timer = self._loop.call_at(self.deadline, self._on_timer)
+        self._first: asyncio.Future[bytes] = self._loop.create_future()
+        self._done: asyncio.Future[None] | None = None
+        self._paused = False
 
-    def set(self, seconds: float) -> None:
-        self.at = self._loop.time() + seconds
-        if self._handle is None or self.at < self._handle.when():  # moved earlier: re-arm
-            if self._handle is not None:
-                self._handle.cancel()
-            self._handle = self._loop.call_at(self.at, self._fire)
+    async def first(self) -> bytes:
+        """The bytes up to and with the first token (held events first)."""
+        return await self._first
 
-    def _fire(self) -> None:
-        if self._loop.time() < self.at:
-            self._handle = self._loop.call_at(self.at, self._fire)
+    def attach(self, sink: Sink) -> None:
+        """Forward to ``sink`` from now on, what arrived since the first token first."""
+        self.sink = sink
+        backlog, self.backlog = self.backlog, []
+        for out in backlog:
+            self._emit(out)
+
+    def tap(self, tap: Tap) -> None:
+        self.taps.append(tap)
+
+    async def wait(self) -> None:
+        """Until the stream has ended (completed, failed with an error event, or closed)."""
+        if not self.ended:
+            self._done = self._loop.create_future()
+            await self._done
+
+    def close(self) -> None:
+        """The client is gone (or the caller is done): abort an unfinished stream upstream,
+        so the engine stops generating; its figures count it as a 499."""
+        if not self.ended:
+            self.response.close()
+            self._finish(499)
+        if not self._first.done():
+            self._first.cancel()
+
+    # The upstream response's body handler.
+
+    def on_body(self, data: bytes) -> None:
+        if self.ended:
+            return
+        out, events = self.reader.feed(data)
+        if events:
+            self.last_at = now = time.perf_counter()
+            lease = self.placement.lease
+            first = self.first_at is None
+            if first:
+                self.first_at = now
+                lease.first_token()
+                self.meter.ttft.observe(now - self.arrival)
+            lease.generated(events)
+            timeouts = self.relay.timeouts
+            # Between tokens, but never past the request's total budget.
+            self.timeout = min(timeouts.between_tokens,
+                               max(self.arrival + timeouts.total - now, 0.0))
+            self.deadline = self._loop.time() + self.timeout
+            if self.deadline < self._timer.when():  # moved earlier (the first token): re-arm
+                self._timer.cancel()
+                self._timer = self._loop.call_at(self.deadline, self._on_timer)
+            if first:
+                out, self.held = self.held + out, b""
+                self._first.set_result(out)
+                return
         else:
-            self.expired = True
-            self._response.content.set_exception(TimeoutError())  # wakes the pending read
-            self._response.close()
+            self.deadline = self._loop.time() + self.timeout
+            if self.first_at is None:
+                self.held += out  # sent with the first token: until then a retry is possible
+                return
+        if out:
+            self._emit(out)
 
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
+    def on_end(self, error: UpstreamError | None) -> None:
+        if self.ended:
+            return
+        name = self.placement.replica.name
+        if error is not None:
+            self._broken(UpstreamUnavailable(f"replica {name} stream broke: {error}"))
+        elif not self.reader.finished:
+            self._broken(UpstreamUnavailable(f"replica {name} ended the stream before it was "
+                                             f"complete"))
+        else:
+            tail, self.held = self.held + self.reader.pending, b""
+            if self.first_at is None:  # a stream without tokens goes out whole
+                self._first.set_result(tail)
+            elif tail:  # a last unterminated event
+                self._emit(tail)
+            self._finish(200)
+
+    # Inside.
+
+    def _emit(self, out: bytes) -> None:
+        sink = self.sink
+        if sink is None:
+            self.backlog.append(out)
+            return
+        for tap in self.taps:
+            tap.feed(out)
+        sink.write(out)
+        if not self._paused and sink.full():
+            self._paused = True
+            self.response.pause_reading()
+            sink.when_drained(self._resume)
+
+    def _resume(self) -> None:
+        self._paused = False
+        if not self.ended:
+            self.deadline = self._loop.time() + self.timeout  # the wait was the client's
+            self.response.resume_reading()
+
+    def _on_timer(self) -> None:
+        if self.ended:
+            return
+        now = self._loop.time()
+        if now < self.deadline or self._paused:  # moved on, or waiting for the client
+            self._timer = self._loop.call_at(max(self.deadline, now + self.timeout),
+                                             self._on_timer)
+            return
+        self.response.close()
+        self.relay.metrics.upstream_error(self.placement.replica, "stream_timeout")
+        timeouts = self.relay.timeouts
+        self._fail(504, UpstreamTimeout(
+            f"replica {self.placement.replica.name} sent no token for {self.timeout:g}s (or "
+            f"the request ran past its total {timeouts.total:g}s)"), retry_kind=None)
+
+    def _broken(self, error: UpstreamUnavailable) -> None:
+        self.relay.metrics.upstream_error(self.placement.replica, "stream_broken")
+        self._fail(502, error, retry_kind="transport")
+
+    def _fail(self, status: int, error: GatewayError, retry_kind: str | None) -> None:
+        if self.first_at is None:  # nothing sent yet: a plain error, maybe retried elsewhere
+            error.retry_kind = retry_kind
+            self._finish(status)
+            self._first.set_exception(error)
+        else:  # mid-stream: the client hears it as the protocol's error event
+            self._emit(error.sse_event(self.request.api))
+            self._finish(status)
+
+    def _finish(self, status: int) -> None:
+        """Once: release the lease, settle the replica's record, meter the request."""
+        self.ended = True
+        self.status = status
+        self._timer.cancel()
+        self.placement.lease.close()
+        relay, replica, reader = self.relay, self.placement.replica, self.reader
+        if status >= 500:
+            relay._failed(replica, self.request)
+        elif self.first_at is not None:
+            relay._succeeded(replica, self.request)
+        if reader.usage.completion_tokens is None:  # engine sent no usage: count events
+            reader.usage.completion_tokens = reader.token_events
+        self.reply.usage = reader.usage
+        relay._account(self.meter, reader.usage, self.arrival, self.first_at, self.last_at,
+                       status, replica)
+        if not self.response.ended:
+            self.response.close()  # cut: the engine sees the disconnect and aborts
+        for tap in self.taps:
+            tap.end(status != 499)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
 
 # Events that carry no token: the chat role chunk and empty closing deltas (compact JSON,

@@ -67,7 +67,10 @@ class InProcessLedger(LoadLedger):
         return self._loads[replica]
 
     def _adjust(self, replica: str, tokens: int, requests: int, prefill: int = 0) -> None:
-        self.load(replica).add(tokens, requests, prefill)
+        load = self._loads[replica]  # inline: called per streamed read
+        load.outstanding_tokens += tokens
+        load.in_flight += requests
+        load.prefill_tokens += prefill
 
     def snapshot(self) -> dict[str, ReplicaLoad]:
         return {name: load.copy() for name, load in self._loads.items()}

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gateway.canary.agreement import Agreement, Pair, TextCollector
 from gateway.fleet.model import Pool, ServedModel
@@ -117,11 +117,11 @@ class Shadows:
                 return
             try:
                 pair.shadow.feed(reply.first)
-                async for chunk in reply.stream:  # to the end: usage counted, lease closed
-                    pair.shadow.feed(chunk)
+                reply.stream.attach(_Reader(pair.shadow.feed))
+                await reply.stream.wait()  # to the end: usage counted, lease closed
                 ok = True
             finally:
-                await reply.stream.aclose()  # type: ignore[attr-defined]
+                reply.stream.close()
         except Exception:  # noqa: BLE001 - a shadow never fails anything but itself
             log.exception("shadow copy to %s failed", pair.pool)
         finally:
@@ -163,7 +163,7 @@ def primary_reply(primary: TextCollector, reply: Reply) -> Reply:
         primary.end(reply.status < 400)
         return reply
     primary.feed(reply.first)
-    reply.stream = _Tapped(reply.stream, primary)
+    reply.stream.tap(primary)  # ends the primary's side when the stream ends or is closed
     return reply
 
 
@@ -173,31 +173,16 @@ def primary_failed(primary: TextCollector) -> None:
     primary.end(False)
 
 
-class _Tapped:
-    """The primary's stream, read as it goes to the client. A class, not a generator: its
-    ``aclose`` must close the relay's stream (and so the lease) even if never iterated."""
+class _Reader:
+    """The relay's sink for a shadow copy: every byte read, never full."""
 
-    __slots__ = ("stream", "primary")
+    __slots__ = ("write",)
 
-    def __init__(self, stream: AsyncIterator[bytes], primary: _PrimaryText) -> None:
-        self.stream = stream
-        self.primary = primary
+    def __init__(self, feed: Callable[[bytes], None]) -> None:
+        self.write = feed
 
-    def __aiter__(self) -> "_Tapped":
-        return self
+    def full(self) -> bool:
+        return False
 
-    async def __anext__(self) -> bytes:
-        try:
-            chunk = await self.stream.__anext__()
-        except StopAsyncIteration:
-            self.primary.end(True)
-            raise
-        except BaseException:
-            self.primary.end(False)
-            raise
-        self.primary.feed(chunk)
-        return chunk
-
-    async def aclose(self) -> None:
-        self.primary.end(False)  # no-op once the stream ended
-        await self.stream.aclose()  # type: ignore[attr-defined]
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        callback()
