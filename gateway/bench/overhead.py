@@ -1,7 +1,7 @@
 """Measure the overhead the gateway adds, side by side with the replica it fronts.
 
     python -m gateway.bench.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
-                                     [--peers [vllm-router nginx]] [--paced]
+                                     [--peers [vllm-router nginx]] [--paced] [--workers N]
 
 Starts, on loopback, one simulated vLLM replica (``--profile instant``: it answers with no
 delay, so what remains is HTTP + relay cost) pinned to core 1 and one gateway worker in
@@ -228,7 +228,7 @@ def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subp
 
 
 @contextlib.contextmanager
-def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = ()
+def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int = 1
                         ) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
     """One simulated vLLM replica (core 1) and one gateway worker in front of it (core 0),
     plus each of ``peers`` (routers in front of the same replica, also on core 0; they take
@@ -250,7 +250,8 @@ def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = ()
         procs.append(replica)
         wait_ready(f"http://{HOST}:{rport}/health", replica)
         gateway = start(["serve", "--config", str(config), "--port", str(gport),
-                         "--log-level", "warning"], GATEWAY_CORE, tmp / "gateway.log")
+                         "--log-level", "warning", "--workers", str(workers)], GATEWAY_CORE,
+                        tmp / "gateway.log")
         procs.append(gateway)
         wait_ready(f"http://{HOST}:{gport}/ready", gateway)
         ports = {"direct": rport, "gateway": gport}
@@ -644,14 +645,16 @@ def summarise_raw(path: Path, top: int = 25) -> dict[str, Any]:
 
 
 async def profile(ports: dict[str, int], pids: dict[str, int], directory: Path,
-                  seconds: float) -> dict[str, Any]:
+                  seconds: float, paced: bool = False) -> dict[str, Any]:
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         return {"error": "py-spy not found (pip install py-spy)"}
     directory.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
-    for key in ("rps_c64", "tps_c64"):
-        sc = next(s for s in SCENARIOS if s.key == key)
+    # The heaviest loads of the run: per request (non-stream) and per event (streams).
+    scenarios = PACED_SCENARIOS if paced else SCENARIOS
+    for key in ("paced_c256",) if paced else ("rps_c64", "tps_c64"):
+        sc = next(s for s in scenarios if s.key == key)
         raw = directory / f"gateway-{key}.raw"
         svg = directory / f"gateway-{key}.svg"
         # Two recordings over the same load: raw (to summarise) and a flamegraph (to look at).
@@ -731,6 +734,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced", action="store_true",
                         help="one event per token, 10 ms apart, as real engines stream "
                              f"(replica '{PACED_SIM_ARGS}'): TTFT at c=1 and 256 paced streams")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="gateway worker processes, all on the gateway's core (default "
+                             "1): their CPU per request against one worker's shows what "
+                             "more workers cost beyond the cores they take")
     parser.add_argument("--sim-args", default=None,
                         help="profile arguments of the simulated replica (default "
                              "'--profile instant'; e.g. '--profile paced --ttft-ms 10 "
@@ -751,7 +758,9 @@ def main(argv: list[str] | None = None) -> int:
         peers = tuple(p for p in wanted if p not in missing)
 
     pin_client()
-    with replica_and_gateway(args.sim_args, peers) as (ports, pids, tmp):
+    if not 1 <= args.workers <= 8:
+        parser.error("--workers must be in [1, 8]")
+    with replica_and_gateway(args.sim_args, peers, args.workers) as (ports, pids, tmp):
         started = time.time()
         if args.translation:
             results = asyncio.run(measure_translation(ports["gateway"], pids, args.duration,
@@ -762,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = None
         if args.profile_dir:
             prof = asyncio.run(profile(ports, pids, args.profile_dir,
-                                       min(args.profile_seconds, 30.0)))
+                                       min(args.profile_seconds, 30.0), args.paced))
 
     report = {"command": " ".join([sys.executable, "-m", "gateway.bench.overhead",
                                    *(argv if argv is not None else sys.argv[1:])]),
@@ -770,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine_info(),
               "setup": {"gateway_core": GATEWAY_CORE, "replica_core": REPLICA_CORE,
                         "client_core": CLIENT_CORE, "replica": f"sim vllm {args.sim_args}",
-                        "gateway_workers": 1, "peers": list(peers), "warmup_s": WARMUP,
+                        "gateway_workers": args.workers, "peers": list(peers), "warmup_s": WARMUP,
                         "seconds_per_target": args.duration, "rounds": args.rounds,
                         "targets": {"requests_per_s_per_core": TARGET_RPS,
                                     "tokens_per_s_per_core": TARGET_TOKENS_PER_S,
