@@ -1,13 +1,15 @@
 """Scheduling benchmark: every balancing policy, and two peer routers, on three workloads.
 
     python -m gateway.bench.scheduling [--requests N] [--workloads W1 W2 W3] [--rows ...]
-        [--seeds 1 2] [--router-venv DIR] [--out scheduling.json] [--markdown scheduling.md]
+        [--seeds 1 2] [--profile P] [--router-venv DIR] [--out F.json] [--markdown F.md]
 
-Four simulated vLLM replicas of the calibrated profile (``llama3-8b-a100``, continuous
-batching, prefix cache on) on loopback; in front of them, one row at a time, our gateway
-with each policy, then sglang-router (cache_aware) and vllm-router (cache_aware,
-power_of_two) when they are installed in ``--router-venv`` (``pip install sglang-router
-vllm-router`` there: they are not dependencies of the product). Every row of a workload gets
+Four simulated vLLM replicas (continuous batching, prefix cache on) of one timing model
+(``--profile``: the calibrated ``llama3-8b-a100``, or ``llama3-8b-h100-kvpoor``, faster
+steps and a sixth of the KV cache, so that weights tuned on one are checked on another) on
+loopback; in front of them, one row at a time, our gateway with each policy, then
+sglang-router (cache_aware) and vllm-router (cache_aware, power_of_two) when they are
+installed in ``--router-venv`` (``pip install sglang-router vllm-router`` there: they are not
+dependencies of the product). Every row of a workload gets
 the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
 
 - **W1 mixed lengths**: 85% short prompts (100-400 tokens, 50-200 out), 15% long ones
@@ -20,8 +22,8 @@ the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
   alternates every 10 simulated seconds between 50% and 110% of round robin's saturation.
 
 Saturation rates (requests/s, 4 replicas) come from running round robin on the same timing
-model in virtual time (``gateway.sim.engine.BatchScheduler``) at overload: W1 47, W2 23.5,
-W3 22.4. ``--speed`` compresses or stretches time per workload (the simulated GPU runs
+model in virtual time (``gateway.sim.engine.BatchScheduler``) at overload
+(``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4; on the H100 one 78, 40, 41. ``--speed`` compresses or stretches time per workload (the simulated GPU runs
 ``speed`` times real time); TTFTs are reported in simulated seconds (wall x speed), which is
 what the same GPUs would show. The default speeds keep the streamed tokens/s low enough that
 two CPU cores, not the policy, are never the limit.
@@ -52,7 +54,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -76,14 +78,32 @@ DEFAULT = "least_expected_work"
 ABLATIONS = (f"{DEFAULT}:prefix_weight=0", f"{DEFAULT}:signals_weight=0")
 
 
+# Round robin's saturation, requests/s in simulated time per workload, on each timing model
+# (every request of the workload's mix arriving at once, in virtual time:
+# `python -m gateway.bench.scheduling_virtual --saturation`).
+TIMING_MODELS = {
+    "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4},
+    "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0},
+}
+DEFAULT_PROFILE = "llama3-8b-a100"
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
     title: str
     saturation: float            # round robin's, requests/s in simulated time
     load: float                  # share of saturation (W3: the mean of its two phases)
-    kv_capacity_tokens: int | None
+    kv_capacity_tokens: int | None  # a cap on the replicas' KV cache (W2, W3)
     speed: float
+    profile: str = DEFAULT_PROFILE  # the replicas' timing model
+
+    def on(self, profile: str) -> "Workload":
+        """The same workload on another timing model: its saturation there, and the wall-clock
+        speed scaled so that requests/s on the wall clock (the CPU's load) stay the same."""
+        saturation = TIMING_MODELS[profile][self.name]
+        return replace(self, profile=profile, saturation=saturation,
+                       speed=self.speed * TIMING_MODELS[DEFAULT_PROFILE][self.name] / saturation)
 
 
 WORKLOADS = {
@@ -154,7 +174,7 @@ def replicas(w: Workload, tmp: Path) -> Iterator[list[str]]:
     try:
         for i in range(REPLICAS):
             port = free_port()
-            args = ["sim", "--dialect", "vllm", "--profile", "llama3-8b-a100", "--port", str(port),
+            args = ["sim", "--dialect", "vllm", "--profile", w.profile, "--port", str(port),
                     "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--speed",
                     str(w.speed), "--prefix-cache"]
             if w.kv_capacity_tokens:
@@ -335,9 +355,9 @@ def check_targets(name: str, rows: list[dict[str, Any]]) -> list[str]:
 def markdown(results: dict[str, Any]) -> str:
     lines = []
     for name, res in results["workloads"].items():
-        w = WORKLOADS[name]
+        w = WORKLOADS[name].on(results["profile"])
         seeds = res.get("seeds", [1])
-        lines += [f"**{name} {w.title}** ({res['requests']} requests per seed, seeds "
+        lines += [f"**{name} {w.title}** on {w.profile} ({res['requests']} requests per seed, seeds "
                   f"{', '.join(map(str, seeds))}; {res['mean_rate']:.1f} req/s mean, speed "
                   f"{w.speed:g})", "",
                   "| row | TTFT p50 s | TTFT p99 s (per seed) | output tok/s | requests per "
@@ -373,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seeded schedules per workload (each row runs all of them)")
     parser.add_argument("--router-venv", type=Path, default=Path(os.environ.get(
         "BENCH_VENV", "/work/bench-venv")), help="venv holding sglang-router and vllm-router")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(TIMING_MODELS),
+                        help="the replicas' timing model (gateway.sim.profiles)")
     parser.add_argument("--out", type=Path, default=Path("scheduling.json"))
     parser.add_argument("--markdown", type=Path, default=Path("scheduling.md"))
     args = parser.parse_args(argv)
@@ -380,9 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     # stopped (a router left behind keeps its ports and fails later rows).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    results: dict[str, Any] = {"workloads": {}, "command": " ".join(sys.argv)}
+    results: dict[str, Any] = {"workloads": {}, "profile": args.profile,
+                               "command": " ".join(sys.argv)}
     for name in args.workloads:
-        w = WORKLOADS[name]
+        w = WORKLOADS[name].on(args.profile)
         schedules = {seed: schedule(w, args.requests, seed) for seed in args.seeds}
         res = {"requests": args.requests, "seeds": args.seeds, "mean_rate": statistics.mean(
             len(arr) / arr[-1] for _, arr in schedules.values()), "rows": []}

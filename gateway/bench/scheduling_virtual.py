@@ -29,8 +29,9 @@ from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
 from gateway.bench.report import percentile
-from gateway.bench.scheduling import (ABLATIONS, OUR_POLICIES, REPLICAS, WORKLOADS,
-                                      Workload, _row_settings, schedule)
+from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, OUR_POLICIES, REPLICAS,
+                                      TIMING_MODELS, WORKLOADS, Workload, _row_settings,
+                                      schedule)
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
@@ -38,8 +39,6 @@ from gateway.sim.engine import BatchScheduler, Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
 from gateway.window import ESTIMATED_BYTES_PER_TOKEN
-
-PROFILE = "llama3-8b-a100"
 
 
 @dataclass
@@ -56,9 +55,13 @@ def _tokens(text: str) -> list[int]:
 
 
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
-            direct_share: float = 0.0) -> dict[str, Any]:
+            direct_share: float = 0.0, asked: int | None = None) -> dict[str, Any]:
     """One row; ``direct_share`` of the requests (seeded) are sent by another client straight to
-    the first replica, past the gateway and its ledger (their TTFTs are not reported)."""
+    the first replica, past the gateway and its ledger (their TTFTs are not reported).
+    ``asked``: every client asks for that many output tokens (``max_tokens``) and the engine
+    stops at the workload's length (EOS); a row ending in ``@exact`` is the oracle that
+    reserves the true length instead."""
+    row, exact = (row[:-len("@exact")], True) if row.endswith("@exact") else (row, False)
     policy_name, overrides = _row_settings(row)
     weights = SchedulingConfig(**overrides)
     policy = make_policy(policy_name, weights)
@@ -67,8 +70,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     now = 0.0
     if hasattr(policy, "clock"):
         policy.clock = lambda: now  # type: ignore[attr-defined]
-    profile = PROFILES[PROFILE]
-    if w.kv_capacity_tokens:
+    profile = PROFILES[w.profile]
+    if w.kv_capacity_tokens and w.kv_capacity_tokens < profile.kv_capacity_tokens:
         profile = profile.with_overrides(kv_capacity_tokens=w.kv_capacity_tokens)
     ledger = InProcessLedger()
     engines = [_Engine(Replica(f"r{i}", f"http://r{i}", "vllm", "m", "default"),
@@ -108,9 +111,11 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             req = requests[payload]
             text = req.prompt
             ids = _tokens(text)
-            cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), req.max_tokens,
+            reserved = req.max_tokens if asked is None or exact else max(asked, req.max_tokens)
+            cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), reserved,
                                prompt_blocks(text))
             seq = Sequence(len(ids), req.max_tokens,
+                           "length" if reserved == req.max_tokens else "stop",
                            block_hashes=block_hashes(ids, profile.block_size))
             seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
             if direct_share and direct.random() < direct_share:
@@ -154,7 +159,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     meters = [e.sched.meter for e in engines]
     queries = sum(m.prefix_queries for m in meters)
     return {
-        "row": row, "ttft_p50_s": _seconds(ttft, 50), "ttft_p99_s": _seconds(ttft, 99),
+        "row": row, "completed_per_s": round(finished / (now - arrivals[0]), 2),
+        "ttft_p50_s": _seconds(ttft, 50), "ttft_p99_s": _seconds(ttft, 99),
         "ttft_p99_long_s": _seconds(ttft_long, 99),
         "output_tokens_per_s": round(generated / (now - arrivals[0]), 1),
         "requests_per_replica": per_replica,
@@ -177,25 +183,48 @@ def main(argv: list[str] | None = None) -> int:
                         help="policies, optionally `policy:key=value,...` with scheduling weights")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--asked", type=int, default=None,
+                        help="clients ask for this many output tokens (max_tokens) and the "
+                             "engines stop at the workload's lengths; default: they ask for "
+                             "exactly what they get. A row ending in @exact reserves the true "
+                             "length (the oracle)")
     parser.add_argument("--direct-share", type=float, default=0.0,
                         help="share of the requests another client sends straight to the "
                              "first replica, unseen by the gateway's ledger (what engine "
                              "signals are for)")
+    parser.add_argument("--profiles", nargs="+", default=[DEFAULT_PROFILE],
+                        choices=list(TIMING_MODELS), help="the replicas' timing models")
+    parser.add_argument("--saturation", action="store_true",
+                        help="print round robin's saturation per workload and profile (the "
+                             "rates the schedules are built from) and exit")
     args = parser.parse_args(argv)
-    for name in args.workloads:
-        w = WORKLOADS[name]
-        print(f"{name} {w.title}: TTFT p99 s per seed (mean) | p50 (mean) | tok/s | "
-              "per replica (first seed)")
-        schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
-        for row in args.rows:
-            results = [run_row(w, row, reqs, arr, args.direct_share) for reqs, arr in schedules]
-            p99 = [r["ttft_p99_s"] for r in results]
-            print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}"
-                  f"  ({statistics.mean(p99):.2f})"
-                  f" | {statistics.mean(r['ttft_p50_s'] for r in results):.3f}"
-                  f" | {statistics.mean(r['output_tokens_per_s'] for r in results):.0f}"
-                  f" | {results[0]['requests_per_replica']}", flush=True)
+    if args.saturation:
+        for profile in args.profiles:
+            rates = {name: saturation(WORKLOADS[name].on(profile)) for name in args.workloads}
+            print(profile, " ".join(f"{k} {v:.1f}" for k, v in rates.items()))
+        return 0
+    for profile in args.profiles:
+        for name in args.workloads:
+            w = WORKLOADS[name].on(profile)
+            print(f"{name} {w.title} on {profile}: TTFT p99 s per seed (mean) | p50 (mean) | "
+                  "tok/s | per replica (first seed)")
+            schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
+            for row in args.rows:
+                results = [run_row(w, row, reqs, arr, args.direct_share, args.asked)
+                           for reqs, arr in schedules]
+                p99 = [r["ttft_p99_s"] for r in results]
+                print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}"
+                      f"  ({statistics.mean(p99):.2f})"
+                      f" | {statistics.mean(r['ttft_p50_s'] for r in results):.3f}"
+                      f" | {statistics.mean(r['output_tokens_per_s'] for r in results):.0f}"
+                      f" | {results[0]['requests_per_replica']}", flush=True)
     return 0
+
+
+def saturation(w: Workload, requests: int = 2000) -> float:
+    """Round robin's requests/s (simulated) with the whole mix arriving at once."""
+    reqs, _ = schedule(w, requests, seed=0)
+    return run_row(w, "round_robin", reqs, [1e-9] * len(reqs))["completed_per_s"]
 
 
 if __name__ == "__main__":
