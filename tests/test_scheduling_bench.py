@@ -92,3 +92,30 @@ def test_virtual_time_engine_signals_see_traffic_the_ledger_does_not() -> None:
                         direct_share=0.2)
     assert sum(seen["requests_per_replica"]) == sum(blind["requests_per_replica"]) < 400
     assert seen["requests_per_replica"][0] < 0.5 * blind["requests_per_replica"][0]
+
+
+def test_each_timing_model_has_its_measured_saturation() -> None:
+    """TIMING_MODELS holds what --saturation measures (round robin, the whole mix at once),
+    and a workload moved to a faster profile keeps its wall-clock request rate."""
+    from gateway.bench.scheduling import DEFAULT_PROFILE, TIMING_MODELS
+    from gateway.bench.scheduling_virtual import saturation
+    for profile, rates in TIMING_MODELS.items():
+        w1 = WORKLOADS["W1"].on(profile)
+        assert w1.profile == profile and w1.saturation == rates["W1"]
+        assert abs(saturation(w1) - rates["W1"]) < 0.05 * rates["W1"], profile
+        base = WORKLOADS["W1"].on(DEFAULT_PROFILE)
+        assert abs(w1.saturation * w1.speed - base.saturation * base.speed) < 1e-9
+    fast = WORKLOADS["W1"].on("llama3-8b-h100-kvpoor")
+    assert fast.saturation > 1.5 * WORKLOADS["W1"].saturation
+
+
+def test_over_asking_clients_reserve_more_than_they_get_and_the_oracle_does_not() -> None:
+    """--asked: every client asks for 1,024 tokens; the engines stop at the workload's
+    lengths whichever way the ledger reserves."""
+    w1 = WORKLOADS["W1"]
+    requests, arrivals = schedule(w1, 300, seed=4)
+    exact = run_virtual(w1, "least_outstanding_tokens", requests, arrivals)
+    asked = run_virtual(w1, "least_outstanding_tokens", requests, arrivals, asked=1024)
+    oracle = run_virtual(w1, "least_outstanding_tokens@exact", requests, arrivals, asked=1024)
+    assert oracle == {**exact, "row": "least_outstanding_tokens"}
+    assert asked["requests_per_replica"] != exact["requests_per_replica"]  # other choices
