@@ -119,3 +119,17 @@ def test_over_asking_clients_reserve_more_than_they_get_and_the_oracle_does_not(
     oracle = run_virtual(w1, "least_outstanding_tokens@exact", requests, arrivals, asked=1024)
     assert oracle == {**exact, "row": "least_outstanding_tokens"}
     assert asked["requests_per_replica"] != exact["requests_per_replica"]  # other choices
+
+
+def test_late_binding_holds_requests_in_the_gateway_and_counts_their_wait() -> None:
+    """A per-replica limit (or a full KV) keeps requests in the gateway's queue; every one
+    is still served, and its TTFT runs from when the client sent it."""
+    w1 = WORKLOADS["W1"]
+    requests, arrivals = schedule(w1, 300, seed=6)
+    free = run_virtual(w1, "least_expected_work", requests, arrivals)
+    capped = run_virtual(w1, "least_expected_work", requests, arrivals, max_in_flight=2)
+    assert sum(capped["requests_per_replica"]) == 300
+    assert capped["ttft_p50_s"] > 2 * free["ttft_p50_s"]  # 2 in flight cannot keep up
+    tight = run_virtual(w1, "least_expected_work", requests, arrivals, kv_binding=1e-3)
+    assert sum(tight["requests_per_replica"]) == 300  # an idle replica always takes one
+    assert tight["ttft_p50_s"] > free["ttft_p50_s"]

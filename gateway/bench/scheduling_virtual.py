@@ -1,7 +1,8 @@
 """The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
 
     python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
-        [--requests N] [--seeds 1 2 3] [--direct-share 0.2]
+        [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
+        [--asked 1024] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
 
 The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
 simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
@@ -12,12 +13,19 @@ figures, so weights can be compared over many seeds without the wall-clock bench
 What it leaves out is what the wall-clock benchmark is for: the HTTP path, scrape timing,
 gateway CPU, and the peer routers. Engine signals are scraped every ``signals_interval``
 simulated seconds from the schedulers' own gauges.
+
+Questions it can answer beyond the weights (README "Scheduling"): what reserving what clients
+ask instead of what they get costs (``--asked``, the ``@exact`` oracle rows), and what holding
+requests in the gateway does (late binding: ``--max-in-flight`` as the gateway's per-replica
+limit; ``--kv-binding`` with the KV each replica holds for the gateway's requests, counted in
+true tokens: an upper bound of what a gateway that knows capacities could do).
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+from collections import deque
 import random
 import statistics
 import sys
@@ -55,12 +63,15 @@ def _tokens(text: str) -> list[int]:
 
 
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
-            direct_share: float = 0.0, asked: int | None = None) -> dict[str, Any]:
+            direct_share: float = 0.0, asked: int | None = None,
+            max_in_flight: int | None = None, kv_binding: float | None = None) -> dict[str, Any]:
     """One row; ``direct_share`` of the requests (seeded) are sent by another client straight to
     the first replica, past the gateway and its ledger (their TTFTs are not reported).
     ``asked``: every client asks for that many output tokens (``max_tokens``) and the engine
     stops at the workload's length (EOS); a row ending in ``@exact`` is the oracle that
-    reserves the true length instead."""
+    reserves the true length instead. ``max_in_flight``: the gateway's per-replica limit
+    (``backpressure.max_in_flight_per_replica``); past it requests wait in its FIFO queue and
+    go to the first replica that frees a slot (late binding)."""
     row, exact = (row[:-len("@exact")], True) if row.endswith("@exact") else (row, False)
     policy_name, overrides = _row_settings(row)
     weights = SchedulingConfig(**overrides)
@@ -105,30 +116,54 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     if weights.signals_weight:
         push(weights.signals_interval, SCRAPE, None)
     finished = 0
+    held: deque[int] = deque()  # requests waiting in the gateway for a free slot (FIFO)
+    arrived_at: dict[int, float] = {}  # id(seq) -> when the client sent it
+    held_prompt: dict[int, int] = {}
+
+    context = {r.name: 0 for r in replicas}  # tokens of KV the gateway's requests hold there
+
+    def has_slot(r: Replica, prompt: int) -> bool:
+        if max_in_flight is not None and ledger.load(r.name).in_flight >= max_in_flight:
+            return False
+        return (kv_binding is None or not context[r.name]
+                or context[r.name] + prompt <= kv_binding * profile.kv_capacity_tokens)
+
+    def dispatch(k: int) -> bool:
+        """Send request ``k`` to a replica with a free slot; False: none has one."""
+        req = requests[k]
+        text = req.prompt
+        ids = _tokens(text)
+        reserved = req.max_tokens if asked is None or exact else max(asked, req.max_tokens)
+        cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), reserved,
+                           prompt_blocks(text))
+        if direct_share and direct.random() < direct_share:
+            i, lease = 0, None
+        else:
+            free = [r for r in replicas if has_slot(r, len(ids))]
+            if not free:
+                return False
+            chosen = policy.select(free, cost, ledger)
+            i = replicas.index(chosen)
+            per_replica[i] += 1
+            lease = ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens)
+            context[chosen.name] += len(ids)
+        seq = Sequence(len(ids), req.max_tokens,
+                       "length" if reserved == req.max_tokens else "stop",
+                       block_hashes=block_hashes(ids, profile.block_size))
+        seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
+        arrived_at[id(seq)] = arrivals[k]
+        held_prompt[id(seq)] = len(ids)
+        leases[id(seq)] = (lease, 0)
+        engines[i].sched.add(seq, now)
+        if not engines[i].busy:
+            start_step(i, now)
+        return True
+
     while events and finished < len(requests):
         now, _, kind, payload = heapq.heappop(events)
         if kind == ARRIVE:
-            req = requests[payload]
-            text = req.prompt
-            ids = _tokens(text)
-            reserved = req.max_tokens if asked is None or exact else max(asked, req.max_tokens)
-            cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), reserved,
-                               prompt_blocks(text))
-            seq = Sequence(len(ids), req.max_tokens,
-                           "length" if reserved == req.max_tokens else "stop",
-                           block_hashes=block_hashes(ids, profile.block_size))
-            seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
-            if direct_share and direct.random() < direct_share:
-                i, lease = 0, None
-            else:
-                chosen = policy.select(replicas, cost, ledger)
-                i = replicas.index(chosen)
-                per_replica[i] += 1
-                lease = ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens)
-            leases[id(seq)] = (lease, 0)
-            engines[i].sched.add(seq, now)
-            if not engines[i].busy:
-                start_step(i, now)
+            if held or not dispatch(payload):
+                held.append(payload)
         elif kind == STEP_END:
             i, emitting = payload
             for s in emitting:
@@ -141,13 +176,18 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                     continue
                 if seen == 0:
                     lease.first_token()
-                    ttft.append(s.first_token_at - s.arrived)
+                    ttft.append(s.first_token_at - arrived_at[id(s)])
                     if s.waiter.tag == "long":  # type: ignore[union-attr]
-                        ttft_long.append(s.first_token_at - s.arrived)
+                        ttft_long.append(s.first_token_at - arrived_at[id(s)])
                 lease.generated(s.generated - seen)
                 generated += s.generated - seen
+                context[lease.replica] += s.generated - seen
                 if s.finished:
+                    context[lease.replica] -= s.generated + held_prompt.pop(id(s))
                     lease.close()
+                    del arrived_at[id(s)]
+            while held and dispatch(held[0]):
+                held.popleft()
             start_step(i, now)
         else:
             for e in engines:
@@ -192,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of the requests another client sends straight to the "
                              "first replica, unseen by the gateway's ledger (what engine "
                              "signals are for)")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="the gateway's per-replica in-flight limit (default: none); "
+                             "past it requests wait in the gateway's queue")
+    parser.add_argument("--kv-binding", type=float, default=None,
+                        help="hold a request in the gateway while every replica's KV (the "
+                             "prompts + tokens generated of what the gateway sent it) would "
+                             "pass this share of its capacity; send it to the first with room")
     parser.add_argument("--profiles", nargs="+", default=[DEFAULT_PROFILE],
                         choices=list(TIMING_MODELS), help="the replicas' timing models")
     parser.add_argument("--saturation", action="store_true",
@@ -210,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                   "tok/s | per replica (first seed)")
             schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
             for row in args.rows:
-                results = [run_row(w, row, reqs, arr, args.direct_share, args.asked)
+                results = [run_row(w, row, reqs, arr, args.direct_share, args.asked,
+                                   args.max_in_flight, args.kv_binding)
                            for reqs, arr in schedules]
                 p99 = [r["ttft_p99_s"] for r in results]
                 print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}"
