@@ -21,6 +21,7 @@ from gateway.access.control import AccessControl
 from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
+from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import make_policy
 from gateway.canary.agreement import Agreement
 from gateway.canary.shadow import Shadows
@@ -66,7 +67,9 @@ class Gateway:
         self.router = Router(self.models, settings.default_model,
                              make_policy(settings.balancer, settings.scheduling),
                              self.ledger, settings.backpressure,
-                             split=PoolSplit(settings.canary.allow_pool_header))
+                             split=PoolSplit(settings.canary.allow_pool_header),
+                             outputs=(OutputEstimate()
+                                      if settings.scheduling.learn_output_lengths else None))
         self.metrics = make_metrics(settings.metrics)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(getattr(self.metrics, "registry", None))

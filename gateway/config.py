@@ -174,6 +174,10 @@ class SchedulingConfig(_Strict):
     signals_timeout: float = Field(0.5, gt=0, description="seconds per scrape")
     signals_max_age: float = Field(3.0, gt=0, description="scrape intervals after which "
                                    "signals are stale and ignored")
+    learn_output_lengths: bool = Field(True, description="reserve in the ledger the output "
+                                       "completed requests of the model actually generated "
+                                       "for a like max_tokens, not the whole ask (any "
+                                       "token-based policy); false = the ask")
 
 
 class CanaryThresholds(_Strict):

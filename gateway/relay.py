@@ -238,6 +238,7 @@ class Relay:
                 raise
             self._succeeded(placement.replica, request)
             self._account(meter, usage, arrival, None, None, response.status, placement.replica)
+            placement.served(usage.completion_tokens)
             return Reply(response.status, headers + extra, body=body, usage=usage)
         self._succeeded(placement.replica, request)
         try:
@@ -252,6 +253,7 @@ class Relay:
         if usage.prompt_tokens is None and prompt.isdigit():
             usage.prompt_tokens = int(prompt)
         self._account(meter, usage, arrival, None, None, response.status, placement.replica)
+        placement.served(usage.completion_tokens)
         return Reply(response.status, headers, body=body, usage=usage)
 
     def _account(self, meter: RequestMetrics, usage: Usage, arrival: float,
@@ -463,6 +465,8 @@ class RelayedStream:
         self.reply.usage = reader.usage
         relay._account(self.meter, reader.usage, self.arrival, self.first_at, self.last_at,
                        status, replica)
+        if status == 200:
+            self.placement.served(reader.usage.completion_tokens)
         if not self.response.ended:
             self.response.close()  # cut: the engine sees the disconnect and aborts
         for tap in self.taps:

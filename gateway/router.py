@@ -10,6 +10,7 @@ from typing import Collection
 
 from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
+from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import Policy
 from gateway.canary.split import PoolSplit
 from gateway.config import BackpressureConfig
@@ -30,6 +31,14 @@ class Placement:
     replica: Replica
     lease: Lease
     queued_for: float = 0.0  # seconds spent waiting for a free slot
+    asked: int = 0  # output tokens the request may generate (max_tokens x choices)
+    outputs: OutputEstimate | None = None
+
+    def served(self, generated: int | None) -> None:
+        """The replica completed the request: teach the estimate how much of its ask it
+        used (only completions: an error or a disconnect says nothing about lengths)."""
+        if self.outputs is not None and generated is not None:
+            self.outputs.observe(self.model.name, self.asked, generated)
 
 
 # A queued request also re-checks this often, for slots freed where no local lease closes
@@ -41,8 +50,10 @@ class Router:
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
                  policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
-                 rng: random.Random | None = None, split: PoolSplit | None = None) -> None:
+                 rng: random.Random | None = None, split: PoolSplit | None = None,
+                 outputs: OutputEstimate | None = None) -> None:
         self.models = models
+        self.outputs = outputs  # expected output lengths; None = reserve the whole ask
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.policy = policy
         self.ledger = ledger
@@ -146,10 +157,11 @@ class Router:
         assert pool is not None  # ``free`` is not empty
         candidates = [r for r in pool.replicas if id(r) in free]
         replica = self.policy.select(candidates, admission.cost, self.ledger)
-        lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens,
-                                  admission.cost.output_tokens)
+        asked = admission.cost.output_tokens
+        expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)
+        lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens, expected, asked)
         lease.on_close = lambda: self._wake_one(model.name)
-        return Placement(model, replica, lease)
+        return Placement(model, replica, lease, asked=asked, outputs=self.outputs)
 
     def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""

@@ -20,6 +20,7 @@ life = st.tuples(
                      "timeout", "overrun"]),
     st.integers(0, 3000),  # tokens streamed before the end
     st.booleans(),  # close called twice (e.g. error path and finally)
+    st.integers(0, 3000),  # the ask beyond the expected output (learned expectations renew)
 )
 
 
@@ -27,14 +28,14 @@ life = st.tuples(
 @given(st.lists(life, min_size=1, max_size=60), st.randoms(use_true_random=False))
 def test_random_request_lives_return_ledger_to_zero(lives, rnd: random.Random) -> None:
     ledger = InProcessLedger()
-    leases = [ledger.lease(r, p, o) for r, p, o, *_ in lives]
+    leases = [ledger.lease(r, p, o, o + beyond) for r, p, o, *_, beyond in lives]
     expected = {r: 0 for r in REPLICAS}
     for r, p, o, *_ in lives:
         expected[r] += p + o
     assert {r: ledger.load(r).outstanding_tokens for r in REPLICAS} == expected
     # Interleave the lives' steps in random order, as concurrent requests do.
     steps = []
-    for lease, (_, _, output, end, streamed, double_close) in zip(leases, lives):
+    for lease, (_, _, output, end, streamed, double_close, _) in zip(leases, lives):
         plan = []
         if end != "cancel_before_first":
             plan.append(("first", 0))

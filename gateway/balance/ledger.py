@@ -49,9 +49,15 @@ class LoadLedger(ABC):
         """Apply a delta (``prefill``: the part of ``tokens`` that is unprefilled prompt).
         Only leases call this."""
 
-    def lease(self, replica: str, prompt_tokens: int, output_tokens: int) -> "Lease":
-        """Reserve a request's whole cost on ``replica`` at dispatch."""
-        return Lease(self, replica, max(prompt_tokens, 0), max(output_tokens, 0))
+    def lease(self, replica: str, prompt_tokens: int, output_tokens: int,
+              asked: int | None = None) -> "Lease":
+        """Reserve a request's cost on ``replica`` at dispatch: its prompt and the output
+        expected (``asked``, when larger: what the client allows it to generate)."""
+        output_tokens = max(output_tokens, 0)
+        lease = Lease(self, replica, max(prompt_tokens, 0), output_tokens)
+        if asked is not None and asked > output_tokens > 0:
+            lease.renew, lease.unreserved = output_tokens, asked - output_tokens
+        return lease
 
     def snapshot(self) -> dict[str, ReplicaLoad]:
         return {}
@@ -79,13 +85,18 @@ class InProcessLedger(LoadLedger):
 class Lease:
     """One request's reservation on one replica, released piece by piece, exactly once."""
 
-    __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed", "on_close")
+    __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed", "on_close",
+                 "renew", "unreserved")
 
     def __init__(self, ledger: LoadLedger, replica: str, prompt_tokens: int,
                  output_tokens: int) -> None:
         self.ledger, self.replica = ledger, replica
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.closed = False
+        # An expectation below the ask: a request still generating when its reservation is
+        # used up is expected to go on as long again (``renew``), within the ``unreserved``
+        # rest of its ask, instead of weighing nothing.
+        self.renew = self.unreserved = 0
         self.on_close: Callable[[], None] | None = None  # e.g. wake a request queued for a slot
         ledger._adjust(replica, prompt_tokens + output_tokens, 1, prompt_tokens)
 
@@ -105,6 +116,15 @@ class Lease:
         if done > 0 and not self.closed:
             self.ledger._adjust(self.replica, -done, 0)
             self.output_tokens -= done
+        if not self.output_tokens and self.renew and not self.closed:
+            self.unreserved -= tokens - done  # generated past the reservation: out of the ask
+            more = min(self.renew, self.unreserved)
+            if more > 0:
+                self.unreserved -= more
+                self.output_tokens = more
+                self.ledger._adjust(self.replica, more, 0)
+            else:
+                self.renew = 0
 
     def close(self) -> None:
         """Release whatever is left: completion, error, timeout or disconnect alike."""
