@@ -2,7 +2,7 @@
 
     python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
         [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
-        [--asked 1024] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
+        [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
 
 The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
 simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
@@ -15,10 +15,11 @@ gateway CPU, and the peer routers. Engine signals are scraped every ``signals_in
 simulated seconds from the schedulers' own gauges.
 
 Questions it can answer beyond the weights (README "Scheduling"): what reserving what clients
-ask instead of what they get costs (``--asked``, the ``@exact`` oracle rows), and what holding
-requests in the gateway does (late binding: ``--max-in-flight`` as the gateway's per-replica
-limit; ``--kv-binding`` with the KV each replica holds for the gateway's requests, counted in
-true tokens: an upper bound of what a gateway that knows capacities could do).
+ask instead of what they get costs (``--asked``; ``@asked`` and ``@exact`` rows), and what
+holding requests in the gateway does (late binding: ``--max-in-flight`` as the gateway's
+per-replica limit; ``--kv-binding`` with the KV each replica holds for the gateway's
+requests, counted in true tokens: an upper bound of what a gateway that knows capacities
+could do).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.balance.ledger import InProcessLedger, Lease
+from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
 from gateway.bench.report import percentile
-from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, OUR_POLICIES, REPLICAS,
-                                      TIMING_MODELS, WORKLOADS, Workload, _row_settings,
-                                      schedule)
+from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICIES,
+                                      REPLICAS, TIMING_MODELS, WORKLOADS, Workload,
+                                      _row_settings, schedule)
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
@@ -63,16 +65,19 @@ def _tokens(text: str) -> list[int]:
 
 
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
-            direct_share: float = 0.0, asked: int | None = None,
+            direct_share: float = 0.0, asked: tuple[int, ...] = (),
             max_in_flight: int | None = None, kv_binding: float | None = None) -> dict[str, Any]:
     """One row; ``direct_share`` of the requests (seeded) are sent by another client straight to
     the first replica, past the gateway and its ledger (their TTFTs are not reported).
-    ``asked``: every client asks for that many output tokens (``max_tokens``) and the engine
-    stops at the workload's length (EOS); a row ending in ``@exact`` is the oracle that
-    reserves the true length instead. ``max_in_flight``: the gateway's per-replica limit
+    ``asked``: every client asks for one of these many output tokens (``max_tokens``; seeded,
+    independent of the length) and the engine stops at the workload's length (EOS). The ledger
+    reserves what the gateway does: the learned expectation (``OutputEstimate``); a row ending
+    in ``@asked`` reserves the whole ask (``learn_output_lengths: false``), one ending in
+    ``@exact`` the true length (the oracle). ``max_in_flight``: the gateway's per-replica limit
     (``backpressure.max_in_flight_per_replica``); past it requests wait in its FIFO queue and
     go to the first replica that frees a slot (late binding)."""
-    row, exact = (row[:-len("@exact")], True) if row.endswith("@exact") else (row, False)
+    row, _, reserve = row.partition("@")  # "" (the gateway's), "asked" or "exact"
+    outputs = OutputEstimate() if not reserve else None
     policy_name, overrides = _row_settings(row)
     weights = SchedulingConfig(**overrides)
     policy = make_policy(policy_name, weights)
@@ -119,6 +124,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     held: deque[int] = deque()  # requests waiting in the gateway for a free slot (FIFO)
     arrived_at: dict[int, float] = {}  # id(seq) -> when the client sent it
     held_prompt: dict[int, int] = {}
+    asks: dict[int, int] = {}
 
     context = {r.name: 0 for r in replicas}  # tokens of KV the gateway's requests hold there
 
@@ -133,9 +139,11 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         req = requests[k]
         text = req.prompt
         ids = _tokens(text)
-        reserved = req.max_tokens if asked is None or exact else max(asked, req.max_tokens)
-        cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), reserved,
+        ask = max(random.Random(k).choice(asked), req.max_tokens) if asked else req.max_tokens
+        cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), ask,
                            prompt_blocks(text))
+        expected = (req.max_tokens if reserve == "exact" else
+                    outputs.expect(MODEL, ask) if outputs is not None else ask)
         if direct_share and direct.random() < direct_share:
             i, lease = 0, None
         else:
@@ -145,14 +153,15 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             chosen = policy.select(free, cost, ledger)
             i = replicas.index(chosen)
             per_replica[i] += 1
-            lease = ledger.lease(chosen.name, cost.prompt_tokens, cost.output_tokens)
+            lease = ledger.lease(chosen.name, cost.prompt_tokens, expected, ask)
             context[chosen.name] += len(ids)
         seq = Sequence(len(ids), req.max_tokens,
-                       "length" if reserved == req.max_tokens else "stop",
+                       "length" if ask == req.max_tokens else "stop",
                        block_hashes=block_hashes(ids, profile.block_size))
         seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
         arrived_at[id(seq)] = arrivals[k]
         held_prompt[id(seq)] = len(ids)
+        asks[id(seq)] = ask
         leases[id(seq)] = (lease, 0)
         engines[i].sched.add(seq, now)
         if not engines[i].busy:
@@ -185,6 +194,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                 if s.finished:
                     context[lease.replica] -= s.generated + held_prompt.pop(id(s))
                     lease.close()
+                    if outputs is not None:
+                        outputs.observe(MODEL, asks.pop(id(s)), s.generated)
                     del arrived_at[id(s)]
             while held and dispatch(held[0]):
                 held.popleft()
@@ -223,11 +234,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="policies, optionally `policy:key=value,...` with scheduling weights")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
-    parser.add_argument("--asked", type=int, default=None,
-                        help="clients ask for this many output tokens (max_tokens) and the "
-                             "engines stop at the workload's lengths; default: they ask for "
-                             "exactly what they get. A row ending in @exact reserves the true "
-                             "length (the oracle)")
+    parser.add_argument("--asked", type=lambda v: tuple(map(int, v.split(","))), default=(),
+                        help="clients ask for this many output tokens (max_tokens; a comma "
+                             "list: each request one of them at random) and the engines stop "
+                             "at the workload's lengths; default: they ask for exactly what "
+                             "they get. The ledger reserves the learned expectation; a row "
+                             "ending in @asked reserves the ask, @exact the true length")
     parser.add_argument("--direct-share", type=float, default=0.0,
                         help="share of the requests another client sends straight to the "
                              "first replica, unseen by the gateway's ledger (what engine "
