@@ -160,11 +160,15 @@ class SchedulingConfig(_Strict):
 
     prefill_weight: float = Field(1.0, ge=0, description="one prompt token still to prefill, "
                                   "in output tokens still to generate")
-    prefix_weight: float = Field(2.0, ge=0, le=10, description="output tokens a replica's "
+    prefix_weight: float = Field(3.0, ge=0, le=10, description="output tokens a replica's "
                                  "score drops per prompt token it has cached; 0 = no prefix "
                                  "affinity")
     prefix_cache_tokens: int = Field(65536, ge=1, description="per replica: prompt tokens of "
                                      "recent prefixes remembered (at most the engine's cache)")
+    request_tokens: float = Field(1024.0, ge=0, description="output tokens each in-flight "
+                                  "request adds to its replica's score beyond its remaining "
+                                  "ones (a batched engine's step time grows per sequence); "
+                                  "0 = none")
     session_tokens: float = Field(1024.0, ge=0, description="head start of a session's last "
                                   "replica; 0 = no stickiness")
     signals_weight: float = Field(1.0, ge=0, description="engine load signals; 0 = ignore")

@@ -46,7 +46,8 @@ def test_is_the_default_balancer_and_takes_its_weights_from_config() -> None:
 def test_with_prefix_signals_and_sessions_off_it_is_least_outstanding_tokens() -> None:
     rng = random.Random(5)
     rs = replicas()
-    ours, lot = policy(prefix_weight=0, signals_weight=0, session_tokens=0), POLICIES[
+    ours, lot = policy(prefix_weight=0, signals_weight=0, session_tokens=0,
+                       request_tokens=0), POLICIES[
         "least_outstanding_tokens"](random.Random(3))
     ours.rng = random.Random(9)
     lot.rng = random.Random(9)
@@ -118,7 +119,7 @@ def test_distinct_prefixes_partition_across_replicas() -> None:
 
 def test_session_stickiness_is_soft() -> None:
     rs, ledger = replicas(2), InProcessLedger()
-    p = policy(session_tokens=1000)
+    p = policy(session_tokens=1000, request_tokens=0)  # (per-request work moves it sooner)
     cost = RequestCost(100, 100, session="alice")
     home = p.select(rs, cost, ledger)
     other = next(r for r in rs if r is not home)

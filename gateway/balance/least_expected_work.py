@@ -79,7 +79,7 @@ class LeastExpectedWork:
         def score(replica: Replica) -> float:
             load = ledger.load(replica.name)
             outstanding = load.outstanding_tokens
-            total = (outstanding - load.prefill_tokens
+            total = (outstanding - load.prefill_tokens + w.request_tokens * load.in_flight
                      + w.prefill_weight * (load.prefill_tokens + cost.prompt_tokens))
             if blocks:
                 cached = self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
@@ -111,7 +111,8 @@ class LeastExpectedWork:
         w = self.weights
         if not signals.fresh(now, w.signals_max_age * w.signals_interval):
             return 0.0
-        unexplained = signals.unexplained_requests() * self.typical_request_tokens
+        unexplained = signals.unexplained_requests() * (self.typical_request_tokens
+                                                         + w.request_tokens)
         pressure = 0.0
         if signals.kv_usage is not None and signals.kv_usage > w.kv_pressure_from:
             fullness = (signals.kv_usage - w.kv_pressure_from) / (1 - w.kv_pressure_from)
