@@ -4,6 +4,7 @@ Every candidate replica gets a score, in output-token equivalents (lowest wins, 
 random):
 
     score = output tokens still to generate there         (the ledger: live, per token)
+          + request_tokens * requests in flight there    (the ledger)
           + prefill_weight * prompt tokens still to prefill there (the ledger, this one's too)
           - prefix_weight * this prompt's tokens cached there
           + signals_weight * (engine work the ledger does not explain + KV pressure)
@@ -15,6 +16,9 @@ random):
   1 by default, because on the calibrated profile the measured optimum sits there (a prompt
   token costs the GPU several times less time, but it is owed up front, before any first
   token, while decode work is spread over the whole batch's life; see README "Scheduling").
+- **Requests as well as tokens.** A batched engine's step time grows with the sequences it
+  runs, not with the tokens each has left, so each request in flight adds
+  ``request_tokens`` (1,024: measured on two timing models, README "Scheduling").
 - **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
   (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix
   scores lower by ``prefix_weight`` output tokens per cached prompt token: the prefill it
@@ -32,7 +36,8 @@ random):
 - **Session stickiness.** The replica that served a session last gets a bonus of
   ``session_tokens``: a soft preference that yields as soon as it is that much busier.
 
-With ``prefill_weight 1`` and every other weight 0 this is exactly least_outstanding_tokens.
+With ``prefill_weight 1`` and every other weight 0 (``request_tokens`` too) this is exactly
+least_outstanding_tokens.
 """
 
 from __future__ import annotations
