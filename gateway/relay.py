@@ -9,8 +9,8 @@ switch per event. Every complete event is forwarded in order, whatever it carrie
 usage chunk the client did not ask for is the one exception); events that carry no token
 before the first one (a chat role chunk) wait for it, so a replica that fails before its
 first token can still be retried. Events are only parsed where something must be read out
-of them (usage, TGI's final details). The lease is released exactly once, when the exchange ends, whether the
-request completes, fails, times out or the client leaves.
+of them (usage, TGI's final details). The lease is released exactly once, when the exchange
+ends, whether the request completes, fails, times out or the client leaves.
 
 A request whose replica speaks the other dialect (a TGI client on vLLM, OpenAI completions on
 an old TGI) is translated (``gateway.protocol.translate``): its body and route are rewritten,

@@ -13,7 +13,9 @@ sends them, coalescing what arrived while the previous send was in progress.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, Protocol
+
+from gateway.relay import Sink
 
 try:  # uvicorn's httptools protocol: the send callable is a method of the request's cycle
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
@@ -25,21 +27,11 @@ Send = Callable
 HIGH_WATER = 64 * 1024  # bytes queued for a slow client before the relay stops reading
 
 
-class ClientSink:
+class ClientSink(Sink, Protocol):
     """The relay's ``Sink`` on the client's side, plus how the response ends."""
-
-    def write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def full(self) -> bool:
-        raise NotImplementedError
-
-    def when_drained(self, callback: Callable[[], None]) -> None:
-        raise NotImplementedError
 
     async def finish(self) -> None:
         """End the response (the last, empty chunk); only after the stream ended."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Give up (the client left, or the request failed): stop whatever still runs."""

@@ -23,9 +23,11 @@ the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
 
 Saturation rates (requests/s, 4 replicas) come from running round robin on the same timing
 model in virtual time (``gateway.sim.engine.BatchScheduler``) at overload
-(``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4; on the H100 one 78, 40, 41. ``--speed`` compresses or stretches time per workload (the simulated GPU runs
-``speed`` times real time); TTFTs are reported in simulated seconds (wall x speed), which is
-what the same GPUs would show. The default speeds keep the streamed tokens/s low enough that
+(``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4; on the H100 one 78, 40,
+41. ``--speed`` compresses or stretches time per workload (the simulated GPU runs ``speed``
+times real time; on another profile scaled so the wall-clock request rate stays the same);
+TTFTs are reported in simulated seconds (wall x speed), which is what the same GPUs would
+show. The default speeds keep the streamed tokens/s low enough that
 two CPU cores, not the policy, are never the limit.
 
 A TTFT p99 is set by a workload's worst ~1% of requests, so one schedule can favour one
@@ -357,8 +359,8 @@ def markdown(results: dict[str, Any]) -> str:
     for name, res in results["workloads"].items():
         w = WORKLOADS[name].on(results["profile"])
         seeds = res.get("seeds", [1])
-        lines += [f"**{name} {w.title}** on {w.profile} ({res['requests']} requests per seed, seeds "
-                  f"{', '.join(map(str, seeds))}; {res['mean_rate']:.1f} req/s mean, speed "
+        lines += [f"**{name} {w.title}** on {w.profile} ({res['requests']} requests per "
+                  f"seed, seeds {', '.join(map(str, seeds))}; {res['mean_rate']:.1f} req/s mean, speed "
                   f"{w.speed:g})", "",
                   "| row | TTFT p50 s | TTFT p99 s (per seed) | output tok/s | requests per "
                   "replica | prefix hit |", "|---|---:|---:|---:|---|---:|"]

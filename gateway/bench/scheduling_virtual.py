@@ -52,6 +52,18 @@ from gateway.window import ESTIMATED_BYTES_PER_TOKEN
 
 
 @dataclass
+class _Flight:
+    """One request inside an engine, as the gateway sees it."""
+
+    lease: Lease | None  # None: a direct client's, unseen by the gateway
+    arrived: float  # when the client sent it (TTFT counts any wait in the gateway's queue)
+    prompt: int  # true prompt tokens (the KV it holds, for --kv-binding)
+    ask: int  # the client's max_tokens
+    long: bool  # a long-prompt request (its TTFT p99 is reported apart)
+    seen: int = 0  # output tokens already released
+
+
+@dataclass
 class _Engine:
     replica: Replica
     sched: BatchScheduler
@@ -94,7 +106,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                        BatchScheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
                for i in range(REPLICAS)]
     replicas = [e.replica for e in engines]
-    leases: dict[int, tuple[Lease | None, int]] = {}  # id(seq) -> lease, tokens released
+    flights: dict[int, _Flight] = {}  # id(seq) -> the request on its way
     direct = random.Random(7)
     per_replica = [0] * REPLICAS
     ttft: list[float] = []
@@ -122,10 +134,6 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         push(weights.signals_interval, SCRAPE, None)
     finished = 0
     held: deque[int] = deque()  # requests waiting in the gateway for a free slot (FIFO)
-    arrived_at: dict[int, float] = {}  # id(seq) -> when the client sent it
-    held_prompt: dict[int, int] = {}
-    asks: dict[int, int] = {}
-
     context = {r.name: 0 for r in replicas}  # tokens of KV the gateway's requests hold there
 
     def has_slot(r: Replica, prompt: int) -> bool:
@@ -134,8 +142,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         return (kv_binding is None or not context[r.name]
                 or context[r.name] + prompt <= kv_binding * profile.kv_capacity_tokens)
 
-    def dispatch(k: int) -> bool:
-        """Send request ``k`` to a replica with a free slot; False: none has one."""
+    def dispatch(k: int, direct_client: bool = False) -> bool:
+        """Send request ``k`` to a replica with a free slot; False: none has one. A direct
+        client's request goes to the first replica, past the gateway (no lease, no queue)."""
         req = requests[k]
         text = req.prompt
         ids = _tokens(text)
@@ -144,7 +153,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                            prompt_blocks(text))
         expected = (req.max_tokens if reserve == "exact" else
                     outputs.expect(MODEL, ask) if outputs is not None else ask)
-        if direct_share and direct.random() < direct_share:
+        if direct_client:
             i, lease = 0, None
         else:
             free = [r for r in replicas if has_slot(r, len(ids))]
@@ -158,11 +167,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         seq = Sequence(len(ids), req.max_tokens,
                        "length" if ask == req.max_tokens else "stop",
                        block_hashes=block_hashes(ids, profile.block_size))
-        seq.waiter = req  # type: ignore[assignment]  # remembered for its tag
-        arrived_at[id(seq)] = arrivals[k]
-        held_prompt[id(seq)] = len(ids)
-        asks[id(seq)] = ask
-        leases[id(seq)] = (lease, 0)
+        flights[id(seq)] = _Flight(lease, arrivals[k], len(ids), ask, req.tag == "long")
         engines[i].sched.add(seq, now)
         if not engines[i].busy:
             start_step(i, now)
@@ -171,32 +176,34 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     while events and finished < len(requests):
         now, _, kind, payload = heapq.heappop(events)
         if kind == ARRIVE:
-            if held or not dispatch(payload):
+            if direct_share and direct.random() < direct_share:
+                dispatch(payload, direct_client=True)
+            elif held or not dispatch(payload):
                 held.append(payload)
         elif kind == STEP_END:
             i, emitting = payload
             for s in emitting:
-                lease, seen = leases[id(s)]
-                leases[id(s)] = (lease, s.generated)
+                flight = flights[id(s)]
+                seen, flight.seen = flight.seen, s.generated
                 if s.finished:
-                    del leases[id(s)]
+                    del flights[id(s)]
                     finished += 1
+                lease = flight.lease
                 if lease is None:
                     continue
                 if seen == 0:
                     lease.first_token()
-                    ttft.append(s.first_token_at - arrived_at[id(s)])
-                    if s.waiter.tag == "long":  # type: ignore[union-attr]
-                        ttft_long.append(s.first_token_at - arrived_at[id(s)])
+                    ttft.append(s.first_token_at - flight.arrived)
+                    if flight.long:
+                        ttft_long.append(s.first_token_at - flight.arrived)
                 lease.generated(s.generated - seen)
                 generated += s.generated - seen
                 context[lease.replica] += s.generated - seen
                 if s.finished:
-                    context[lease.replica] -= s.generated + held_prompt.pop(id(s))
+                    context[lease.replica] -= s.generated + flight.prompt
                     lease.close()
                     if outputs is not None:
-                        outputs.observe(MODEL, asks.pop(id(s)), s.generated)
-                    del arrived_at[id(s)]
+                        outputs.observe(MODEL, flight.ask, s.generated)
             while held and dispatch(held[0]):
                 held.popleft()
             start_step(i, now)
