@@ -15,12 +15,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Protocol
 
+from gateway.api.client_connection import HttptoolsCycle, httptools_cycle
 from gateway.relay import Sink
-
-try:  # uvicorn's httptools protocol: the send callable is a method of the request's cycle
-    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
-except ImportError:  # pragma: no cover - uvicorn without httptools
-    _HttptoolsCycle = None  # type: ignore[assignment,misc]
 
 Send = Callable
 
@@ -39,9 +35,8 @@ class ClientSink(Sink, Protocol):
 
 def client_sink(send: Send) -> ClientSink:
     """The sink for a response already started with ``send``."""
-    cycle = getattr(send, "__self__", None)
-    if (_HttptoolsCycle is not None and type(cycle) is _HttptoolsCycle
-            and cycle.chunked_encoding is True):
+    cycle = httptools_cycle(send)
+    if cycle is not None and cycle.chunked_encoding is True:
         return _TransportSink(cycle, send)
     return _SendSink(send)
 
@@ -49,7 +44,7 @@ def client_sink(send: Send) -> ClientSink:
 class _TransportSink(ClientSink):
     __slots__ = ("cycle", "send", "transport", "flow", "_waiter")
 
-    def __init__(self, cycle: "_HttptoolsCycle", send: Send) -> None:
+    def __init__(self, cycle: "HttptoolsCycle", send: Send) -> None:
         self.cycle, self.send = cycle, send
         self.transport, self.flow = cycle.transport, cycle.flow
         self._waiter: asyncio.Task[None] | None = None

@@ -9,11 +9,11 @@ not), which closes the upstream request so the engine aborts the sequence.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Callable
 
+from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import client_sink
 from gateway.canary import shadow
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
@@ -32,38 +32,7 @@ Scope = dict
 Receive = Callable
 Send = Callable
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
-
-
-class BodyTooLarge(InvalidRequest):
-    status = 413
-    reason = "body_too_large"
-
-
-class SlowClient(InvalidRequest):
-    """The body did not arrive in time: a client trickling bytes cannot pin a slot."""
-
-    status = 408
-    reason = "slow_client"
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"the request body did not arrive within {seconds:g}s")
-
-
-async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("client disconnected while sending the body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def new_request_id() -> str:
@@ -120,34 +89,6 @@ async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
     await send_body(send, error.status_for(api), error.body(api), headers)
 
 
-@contextlib.asynccontextmanager
-async def cancel_on_disconnect(receive: Receive) -> AsyncIterator[asyncio.Event]:
-    """Cancel the current task if the client disconnects inside the block.
-
-    Yields an event that is set when that happened, so the caller can tell a client that
-    left from any other cancellation.
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    gone = asyncio.Event()
-
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone.set()
-        task.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        yield gone
-    except asyncio.CancelledError:
-        if not gone.is_set():
-            raise
-        task.uncancel()
-    finally:
-        watcher.cancel()
-
-
 class GenerationEndpoint:
     """One generation route: ``parse`` turns the body into a GenerationRequest."""
 
@@ -173,8 +114,7 @@ class GenerationEndpoint:
                 if gateway.draining:
                     raise Draining()
                 key = gateway.access.authenticate(authorization)  # before the body: 401 early
-                async with asyncio.timeout(gateway.settings.client_body_timeout):
-                    body = await read_body(receive)
+                body = await read_body(receive, gateway.settings.client_body_timeout)
                 request = self.parse(body)
                 request.session, request.pool = session, pool
                 model, admission = gateway.router.admit(request)
@@ -182,10 +122,6 @@ class GenerationEndpoint:
                 grant = await gateway.access.admit(key, request, model.name,
                                                    admission.cost.prompt_tokens,
                                                    admission.cost.output_tokens)
-            except TimeoutError:
-                await self._reject(send, SlowClient(gateway.settings.client_body_timeout),
-                                   request, request_id)
-                return
             except GatewayError as error:
                 await self._reject(send, error, request, request_id, key)
                 return

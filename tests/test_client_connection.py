@@ -1,0 +1,103 @@
+"""The client's side of a generation request (``gateway.api.client_connection``) under real
+uvicorn servers: with httptools (the cycle's own state, no task or timer) and with h11 (the
+generic path through ``receive``), a disconnect cancels the request and a body that does
+not arrive in time is a SlowClient."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from typing import Iterator
+
+import pytest
+import uvicorn
+
+from gateway.api.client_connection import SlowClient, cancel_on_disconnect, read_body
+from support import free_port
+
+
+class Recorder:
+    """An ASGI app that reads the body, then waits inside ``cancel_on_disconnect`` for a
+    disconnect; it records what happened to each request."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            body = await read_body(receive, timeout=0.3)
+        except SlowClient:
+            self.outcomes.append("slow")
+            await send({"type": "http.response.start", "status": 408, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if body == b"answer":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            self.outcomes.append("answered")
+            return
+        async with cancel_on_disconnect(receive) as gone:
+            try:
+                await asyncio.sleep(5)
+                self.outcomes.append("not cancelled")
+            except asyncio.CancelledError:
+                self.outcomes.append("cancelled, gone" if gone.is_set() else "cancelled")
+                raise
+        self.outcomes.append("swallowed" if gone.is_set() else "left the block")
+
+
+@contextlib.contextmanager
+def serving(app: Recorder, http: str) -> Iterator[int]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def post(port: int, body: bytes, length: int | None = None) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b"
+                 % (len(body) if length is None else length, body))
+    return sock
+
+
+def wait_for(outcomes: list[str], n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(outcomes) < n:
+        assert time.monotonic() < deadline, outcomes
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_client_that_leaves_cancels_its_request_and_a_slow_body_is_refused(http: str) -> None:
+    app = Recorder()
+    with serving(app, http) as port:
+        with post(port, b"wait") as sock:
+            time.sleep(0.2)  # inside the block by now
+        wait_for(app.outcomes, 2)
+        assert app.outcomes == ["cancelled, gone", "swallowed"]
+
+        with post(port, b"half", length=100) as sock:  # the rest never comes
+            wait_for(app.outcomes, 3)
+            assert app.outcomes[2] == "slow"
+            assert sock.recv(100).startswith(b"HTTP/1.1 408")
+
+        with post(port, b"answer") as sock:  # a body all in at once, answered in full
+            assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        wait_for(app.outcomes, 4)
+        assert app.outcomes[3] == "answered"
