@@ -302,7 +302,8 @@ class RelayedStream:
                  meter: RequestMetrics, response: UpstreamResponse, arrival: float,
                  reader: StreamReader, reply: Reply) -> None:
         self.relay, self.request, self.placement, self.meter = relay, request, placement, meter
-        self.response, self.arrival, self.reader, self.reply = response, arrival, reader, reply
+        self.response, self.arrival, self.reader = response, arrival, reader
+        self.reply: Reply | None = reply  # given its usage at the end
         self.held = b""  # tokenless events (a chat role chunk) before the first token
         self.backlog: list[bytes] = []  # after the first token, before attach()
         self.sink: Sink | None = None
@@ -462,7 +463,9 @@ class RelayedStream:
             relay._succeeded(replica, self.request)
         if reader.usage.completion_tokens is None:  # engine sent no usage: count events
             reader.usage.completion_tokens = reader.token_events
-        self.reply.usage = reader.usage
+        reply, self.reply = self.reply, None  # the caller holds it: no cycle back to it
+        if reply is not None:
+            reply.usage = reader.usage
         relay._account(self.meter, reader.usage, self.arrival, self.first_at, self.last_at,
                        status, replica)
         if status == 200:

@@ -103,7 +103,7 @@ class cancel_on_disconnect:  # noqa: N801 - used as a context manager, like asyn
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
         if self._event is not None:
-            self._event.callback = None
+            self._event.unwatch()
         if self._watcher is not None:
             self._watcher.cancel()
         if kind is asyncio.CancelledError and self.gone.is_set():
@@ -129,7 +129,7 @@ class _DisconnectEvent(asyncio.Event):
 
     def __init__(self, cycle: "HttptoolsCycle", callback: Callable[[], None]) -> None:
         super().__init__()
-        self.cycle = cycle
+        self.cycle: HttptoolsCycle | None = cycle
         self.callback: Callable[[], None] | None = callback
 
     @classmethod
@@ -145,6 +145,11 @@ class _DisconnectEvent(asyncio.Event):
     def set(self) -> None:
         super().set()
         self._check()
+
+    def unwatch(self) -> None:
+        """No more callback; and no reference back to the cycle, whose event this stays
+        (without that cycle, each request's objects wait for the garbage collector)."""
+        self.callback = self.cycle = None
 
     def _check(self) -> None:
         callback = self.callback

@@ -63,7 +63,6 @@ class UpstreamResponse:
 
     def stream(self, handler: BodyHandler) -> None:
         """Deliver the body to ``handler`` from now on, what arrived so far first."""
-        self._handler = handler
         if self._connection is not None:  # straight to the handler, from now on
             self._connection.body_to = handler.on_body
         chunks, self._chunks = self._chunks, []
@@ -71,6 +70,8 @@ class UpstreamResponse:
             handler.on_body(chunk)
         if self._ended:
             handler.on_end(self._error)
+        else:
+            self._handler = handler
 
     def pause_reading(self) -> None:
         """The client is not keeping up: stop reading from the replica (TCP pushes back)."""
@@ -105,5 +106,6 @@ class UpstreamResponse:
         self._connection = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-        if self._handler is not None:
-            self._handler.on_end(error)
+        handler, self._handler = self._handler, None  # its last call: no cycle left behind
+        if handler is not None:
+            handler.on_end(error)
