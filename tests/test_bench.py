@@ -427,3 +427,28 @@ def test_peer_table_charges_each_router_and_compares_it_with_vllm_router() -> No
             for line in peer_table(res).splitlines()[2:]}
     assert rows["gateway"][2:] == ["1.000", "15,360.0", "60.00", "2.00"]
     assert rows["vllm-router"][2:] == ["0.250", "7,680.0", "30.00", "1.00"]
+
+
+def test_baseline_table_compares_this_checkout_with_the_baseline_round_by_round() -> None:
+    from gateway.bench.overhead import SCENARIOS, baseline_table
+
+    def figures(cpu_rounds: list[float], p50: float) -> dict:  # non-stream: per request
+        return {"router_cpu_us_per_request": sum(cpu_rounds) / len(cpu_rounds),
+                "round_cpu_us_per_request": cpu_rounds, "latency_ms": {"p50": p50}}
+
+    def stream_figures(cpu_rounds: list[float], p50: float) -> dict:  # per token event
+        return {"router_cpu_us_per_token": sum(cpu_rounds) / len(cpu_rounds),
+                "round_cpu_us_per_token": cpu_rounds, "ttft_ms": {"p50": p50}}
+
+    sc = next(s for s in SCENARIOS if not s.stream)
+    st = next(s for s in SCENARIOS if s.stream)
+    res = {sc.key: {"scenario": sc.__dict__, "order": ["direct", "gateway", "baseline"],
+                    "gateway": figures([400.0, 300.0], 2.0),
+                    "baseline": figures([500.0, 500.0], 3.0)},
+           st.key: {"scenario": st.__dict__, "order": ["direct", "gateway", "baseline"],
+                    "gateway": stream_figures([30.0, 45.0], 1.5),
+                    "baseline": stream_figures([40.0, 50.0], 1.0)}}
+    rows = [[c.strip() for c in line.split("|")[1:-1]]
+            for line in baseline_table(res).splitlines()[2:]]
+    assert rows == [[sc.what, "500.0 → 350.0", "0.700", "0.80, 0.60", "3.000 → 2.000"],
+                    [st.what, "45.00 → 37.50", "0.833", "0.75, 0.90", "1.000 → 1.500"]]

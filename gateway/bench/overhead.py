@@ -2,6 +2,7 @@
 
     python -m gateway.bench.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
                                      [--peers [vllm-router nginx]] [--paced] [--workers N]
+                                     [--baseline CHECKOUT]
 
 Starts, on loopback, one simulated vLLM replica (``--profile instant``: it answers with no
 delay, so what remains is HTTP + relay cost) pinned to core 1 and one gateway worker in
@@ -24,6 +25,11 @@ tree): vllm-router (Rust, from PyPI, in its own venv ``$BENCH_VENV``) and nginx 
 installed, so every run reports our cost as a ratio to theirs. ``--paced`` makes the replica
 stream one event per token, 10 ms apart, as real engines do, and measures TTFT at
 concurrency 1 and 256 paced streams: the CPU per relayed event.
+
+With ``--baseline CHECKOUT`` the gateway of another checkout of this project (a git worktree
+of ``main``, say) also runs in front of the same replica, on the same core, in the same
+rotation: a change's cost measured side by side with the code before it, which on a noisy
+machine separate runs cannot show.
 
 The benchmark suite (``gateway.bench.suite``) runs the same measurement on its own scenarios.
 
@@ -130,11 +136,12 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
-def start(args: list[str], core: int | None, log: Path) -> subprocess.Popen:
-    """``python -m gateway ARGS``, pinned to ``core`` (None: not pinned), stderr to ``log``."""
+def start(args: list[str], core: int | None, log: Path, checkout: Path = ROOT) -> subprocess.Popen:
+    """``python -m gateway ARGS`` from ``checkout`` (its ``gateway`` package comes first on
+    the path), pinned to ``core`` (None: not pinned), stderr to ``log``."""
     prefix = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
     with open(log, "wb") as err:
-        return subprocess.Popen([*prefix, sys.executable, "-m", "gateway", *args], cwd=ROOT,
+        return subprocess.Popen([*prefix, sys.executable, "-m", "gateway", *args], cwd=checkout,
                                 stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
 
@@ -228,13 +235,15 @@ def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subp
 
 
 @contextlib.contextmanager
-def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int = 1
+def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int = 1,
+                        baseline: Path | None = None
                         ) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
     """One simulated vLLM replica (core 1) and one gateway worker in front of it (core 0),
-    plus each of ``peers`` (routers in front of the same replica, also on core 0; they take
-    turns under load, so they do not share the core while measured); yields their ports and
-    pids ({"direct", "gateway", *peers}, {"replica", "gateway", *peers}) and a temp dir with
-    their logs. All are stopped on exit; one that died during the run is an error."""
+    plus the ``baseline`` checkout's gateway and each of ``peers`` (routers in front of the
+    same replica, also on core 0; they take turns under load, so they do not share the core
+    while measured); yields their ports and pids ({"direct", "gateway", ["baseline"],
+    *peers}, {"replica", "gateway", ...}) and a temp dir with their logs. All are stopped on
+    exit; one that died during the run is an error."""
     tmp = Path(tempfile.mkdtemp(prefix="gw-overhead-"))
     rport, gport = free_port(), free_port()
     config = tmp / "gateway.yaml"
@@ -256,6 +265,14 @@ def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int
         wait_ready(f"http://{HOST}:{gport}/ready", gateway)
         ports = {"direct": rport, "gateway": gport}
         pids = {"gateway": gateway.pid, "replica": replica.pid}
+        if baseline is not None:
+            ports["baseline"] = free_port()
+            before = start(["serve", "--config", str(config), "--port", str(ports["baseline"]),
+                            "--log-level", "warning", "--workers", str(workers)], GATEWAY_CORE,
+                           tmp / "baseline.log", checkout=baseline)
+            procs.append(before)
+            wait_ready(f"http://{HOST}:{ports['baseline']}/ready", before)
+            pids["baseline"] = before.pid
         for name in peers:
             ports[name] = free_port()
             peer, ready = start_peer(name, ports[name], rport, tmp)
@@ -263,7 +280,7 @@ def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int
             wait_ready(ready, peer)
             pids[name] = peer.pid
         print(f"replica pid {replica.pid} :{rport} (core {REPLICA_CORE}), routers "
-              f"{ {n: (pids[n], ports[n]) for n in ('gateway', *peers)} } (core "
+              f"{ {n: (pids[n], ports[n]) for n in pids if n != 'replica'} } (core "
               f"{GATEWAY_CORE}), load generator core {CLIENT_CORE}", file=sys.stderr, flush=True)
         yield ports, pids, tmp
         for p in procs:
@@ -382,6 +399,11 @@ def summarise(segments: list[Segment], sc: Scenario, router: str | None) -> dict
         out["tokens_per_request"] = tokens / requests if requests else None
         out["ttft_ms"] = distribution_ms(t for s in segments for t in s.ttfts)
     if router is not None and router in cpu:
+        out["round_cpu_us_per_request"] = [s.cpu[router] / s.requests * 1e6 if s.requests
+                                           else None for s in segments]
+        if sc.stream:
+            out["round_cpu_us_per_token"] = [s.cpu[router] / s.tokens * 1e6 if s.tokens
+                                             else None for s in segments]
         g = cpu[router]
         out["router_cpu_s"] = g
         out["router_cpu_us_per_request"] = g / requests * 1e6 if requests else None
@@ -505,6 +527,9 @@ def table(res: dict[str, Any]) -> str:
     routers = list(dict.fromkeys(routers))
     if len(routers) > 1:
         rows += ["", "Peer routers in front of the same replica, same run:", "", peer_table(res)]
+    if "baseline" in routers:
+        rows += ["", "This checkout's gateway against the baseline checkout's, same run:", "",
+                 baseline_table(res)]
     rows += ["", "CPU busy during each window (cores; routers on core 0, replica + load "
              "generator on core 1):", "",
              "| scenario | target | router | replica | load generator |", "|---|---|---:|---:|---:|"]
@@ -540,6 +565,27 @@ def peer_table(res: dict[str, Any]) -> str:
                         f"| {f(g.get('tokens_per_s'))} | {f(added, 3)} "
                         f"| {f(g.get('router_cpu_us_per_request'), 1)} "
                         f"| {f(g.get('router_cpu_us_per_token'), 2)} | {f(ratio, 2)} |")
+    return "\n".join(rows)
+
+
+def baseline_table(res: dict[str, Any]) -> str:
+    """The gateway's CPU per request (non-stream) or per token event (streams) and its TTFT
+    against the baseline checkout's, per scenario, with the ratio per round (its spread is
+    the noise)."""
+    rows = ["| scenario | CPU µs per request or token event, baseline → now | ratio | "
+            "per round | TTFT¹ p50 ms, baseline → now |", "|---|---:|---:|---|---:|"]
+    for r in res.values():
+        before, now = r["baseline"], r["gateway"]
+        per = "token" if r["scenario"]["stream"] else "request"
+        a, b = before.get(f"router_cpu_us_per_{per}"), now.get(f"router_cpu_us_per_{per}")
+        rounds = [y / x for x, y in zip(before.get(f"round_cpu_us_per_{per}", []),
+                                        now.get(f"round_cpu_us_per_{per}", [])) if x and y]
+        lat = "ttft_ms" if r["scenario"]["stream"] else "latency_ms"
+        rows.append(f"| {r['scenario']['what']} | {fmt(a, 1 if per == 'request' else 2)} → "
+                    f"{fmt(b, 1 if per == 'request' else 2)} "
+                    f"| {fmt(b / a if a and b else None, 3)} "
+                    f"| {', '.join(f'{x:.2f}' for x in rounds)} "
+                    f"| {fmt(before[lat]['p50'], 3)} → {fmt(now[lat]['p50'], 3)} |")
     return "\n".join(rows)
 
 
@@ -731,6 +777,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"also measure these routers in front of the same replica, in the "
                              f"same rotation ({', '.join(PEERS)}; bare --peers: every one "
                              f"installed; vllm-router from $BENCH_VENV, default {BENCH_VENV})")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also run the gateway of this other checkout (e.g. a git "
+                             "worktree of main) in the same rotation: a change side by side "
+                             "with the code before it")
     parser.add_argument("--paced", action="store_true",
                         help="one event per token, 10 ms apart, as real engines stream "
                              f"(replica '{PACED_SIM_ARGS}'): TTFT at c=1 and 256 paced streams")
@@ -760,7 +810,10 @@ def main(argv: list[str] | None = None) -> int:
     pin_client()
     if not 1 <= args.workers <= 8:
         parser.error("--workers must be in [1, 8]")
-    with replica_and_gateway(args.sim_args, peers, args.workers) as (ports, pids, tmp):
+    if args.baseline is not None and not (args.baseline / "gateway" / "__main__.py").exists():
+        parser.error(f"--baseline {args.baseline}: not a checkout of this project")
+    with replica_and_gateway(args.sim_args, peers, args.workers,
+                             args.baseline) as (ports, pids, tmp):
         started = time.time()
         if args.translation:
             results = asyncio.run(measure_translation(ports["gateway"], pids, args.duration,
@@ -779,7 +832,9 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine_info(),
               "setup": {"gateway_core": GATEWAY_CORE, "replica_core": REPLICA_CORE,
                         "client_core": CLIENT_CORE, "replica": f"sim vllm {args.sim_args}",
-                        "gateway_workers": args.workers, "peers": list(peers), "warmup_s": WARMUP,
+                        "gateway_workers": args.workers, "peers": list(peers),
+                        "baseline": str(args.baseline) if args.baseline else None,
+                        "warmup_s": WARMUP,
                         "seconds_per_target": args.duration, "rounds": args.rounds,
                         "targets": {"requests_per_s_per_core": TARGET_RPS,
                                     "tokens_per_s_per_core": TARGET_TOKENS_PER_S,
