@@ -106,7 +106,7 @@ class cancel_on_disconnect:  # noqa: N801 - used as a context manager, like asyn
             self._event.unwatch()
         if self._watcher is not None:
             self._watcher.cancel()
-        if kind is asyncio.CancelledError and self.gone.is_set():
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.gone.is_set():
             self.task.uncancel()
             return True
         return False
@@ -152,7 +152,7 @@ class _DisconnectEvent(asyncio.Event):
         self.callback = self.cycle = None
 
     def _check(self) -> None:
-        callback = self.callback
-        if callback is not None and self.cycle.disconnected:
+        callback, cycle = self.callback, self.cycle
+        if callback is not None and cycle is not None and cycle.disconnected:
             self.callback = None
             callback()
