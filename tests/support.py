@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -142,3 +143,26 @@ def gateway_server(config_dir: Path, config: dict, ready_path: str = "/ready",
     with running(["serve", "--config", str(path), "--port", str(port), "--log-level", "warning",
                   *extra_args], f"http://127.0.0.1:{port}{ready_path}") as proc:
         yield f"http://127.0.0.1:{port}", proc
+
+
+@contextlib.contextmanager
+def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASGI app
+    """``app`` served by uvicorn on a free loopback port in a thread of this process (so a
+    test can look inside it); yields the port. ``config``: uvicorn.Config options."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            assert thread.is_alive(), "uvicorn exited at startup"
+            time.sleep(0.02)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)

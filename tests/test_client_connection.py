@@ -6,17 +6,13 @@ not arrive in time is a SlowClient."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-import threading
 import time
-from typing import Iterator
 
 import pytest
-import uvicorn
 
 from gateway.api.client_connection import SlowClient, cancel_on_disconnect, read_body
-from support import free_port
+from support import uvicorn_in_thread
 
 
 class Recorder:
@@ -51,24 +47,6 @@ class Recorder:
         self.outcomes.append("swallowed" if gone.is_set() else "left the block")
 
 
-@contextlib.contextmanager
-def serving(app: Recorder, http: str) -> Iterator[int]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 def post(port: int, body: bytes, length: int | None = None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b"
@@ -86,7 +64,7 @@ def wait_for(outcomes: list[str], n: int) -> None:
 @pytest.mark.parametrize("http", ["httptools", "h11"])
 def test_a_client_that_leaves_cancels_its_request_and_a_slow_body_is_refused(http: str) -> None:
     app = Recorder()
-    with serving(app, http) as port:
+    with uvicorn_in_thread(app, http=http, lifespan="off") as port:
         with post(port, b"wait") as sock:
             time.sleep(0.2)  # inside the block by now
         wait_for(app.outcomes, 2)

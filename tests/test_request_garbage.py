@@ -11,16 +11,14 @@ from __future__ import annotations
 import collections
 import gc
 import json
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from gateway.app import create_app
 from gateway.config import load_settings
-from support import free_port, sim
+from support import sim, uvicorn_in_thread
 
 
 def test_served_requests_leave_no_garbage_cycles(tmp_path: Path) -> None:
@@ -28,46 +26,33 @@ def test_served_requests_leave_no_garbage_cycles(tmp_path: Path) -> None:
         config = tmp_path / "gateway.yaml"
         config.write_text(json.dumps({"models": [{"name": "m", "replicas": [
             {"url": replica, "engine": "vllm"}]}]}))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(
-            create_app(load_settings(str(config))), host="127.0.0.1", port=port,
-            loop="uvloop", http="httptools", log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 20
-            while not server.started:
-                assert time.monotonic() < deadline, "the gateway did not start"
-                time.sleep(0.02)
-            with httpx.Client(base_url=url, timeout=10) as client:
-                for stream in (False, True):  # warm up: first-use caches are not garbage
-                    client.post("/v1/completions", json={"model": "m", "prompt": "hi",
-                                                         "max_tokens": 4, "stream": stream})
+        app = create_app(load_settings(str(config)))
+        with uvicorn_in_thread(app, loop="uvloop", http="httptools") as port, \
+                httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            for stream in (False, True):  # warm up: first-use caches are not garbage
+                client.post("/v1/completions", json={"model": "m", "prompt": "hi",
+                                                     "max_tokens": 4, "stream": stream})
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector finds, to look at
+            try:
+                answers = []
+                for i in range(10):
+                    answers.append(client.post("/v1/completions", json={
+                        "model": "m", "prompt": f"request {i}", "max_tokens": 8,
+                        "stream": i % 2 == 0}))
+                    answers.append(client.post("/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 8, "stream": i % 2 == 1}))
+                    answers.append(client.post("/generate_stream", json={
+                        "inputs": "hi", "parameters": {"max_new_tokens": 8}}))
+                answers.append(client.post("/v1/completions", json={"prompt": 1}))  # a 400
+                time.sleep(0.2)  # every exchange over, connections back in the pool
                 gc.collect()
-                gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector finds, to look at
-                try:
-                    answers = []
-                    for i in range(10):
-                        answers.append(client.post("/v1/completions", json={
-                            "model": "m", "prompt": f"request {i}", "max_tokens": 8,
-                            "stream": i % 2 == 0}))
-                        answers.append(client.post("/v1/chat/completions", json={
-                            "model": "m", "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": 8, "stream": i % 2 == 1}))
-                        answers.append(client.post("/generate_stream", json={
-                            "inputs": "hi", "parameters": {"max_new_tokens": 8}}))
-                    answers.append(client.post("/v1/completions", json={"prompt": 1}))  # a 400
-                    time.sleep(0.2)  # every exchange over, connections back in the pool
-                    gc.collect()
-                    ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
-                                               if type(o).__module__.startswith("gateway."))
-                finally:
-                    gc.set_debug(0)
-                    gc.garbage.clear()
-            assert [a.status_code for a in answers] == [200] * 30 + [400]
-            assert b"data:" in answers[0].content  # streams did stream
-            assert ours == {}, f"request objects left in reference cycles: {dict(ours)}"
-        finally:
-            server.should_exit = True
-            thread.join(30)
+                ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
+                                           if type(o).__module__.startswith("gateway."))
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+    assert [a.status_code for a in answers] == [200] * 30 + [400]
+    assert b"data:" in answers[0].content  # streams did stream
+    assert ours == {}, f"request objects left in reference cycles: {dict(ours)}"

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
-import uvicorn
 
 from gateway.api.client_sink import client_sink
 from gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                               UpstreamTransportError)
-from support import free_port
+from support import free_port, uvicorn_in_thread
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -261,24 +258,12 @@ async def _sink_app(scope, receive, send) -> None:
 @pytest.mark.parametrize("http, sink", [("httptools", b"_TransportSink"), ("h11", b"_SendSink")])
 def test_a_stream_is_written_straight_to_uvicorns_transport_or_through_send(
         http: str, sink: bytes) -> None:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_sink_app, host="127.0.0.1", port=port, http=http,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        with httpx.Client() as client:
-            for _ in range(2):  # the connection stays usable after the stream
-                response = client.get(f"http://127.0.0.1:{port}/")
-                assert response.headers["transfer-encoding"] == "chunked"
-                assert response.content == sink + b"data: 1\n\ndata: 2\n\n"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with uvicorn_in_thread(_sink_app, http=http, lifespan="off") as port, \
+            httpx.Client() as client:
+        for _ in range(2):  # the connection stays usable after the stream
+            response = client.get(f"http://127.0.0.1:{port}/")
+            assert response.headers["transfer-encoding"] == "chunked"
+            assert response.content == sink + b"data: 1\n\ndata: 2\n\n"
 
 
 async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:
