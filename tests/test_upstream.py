@@ -16,7 +16,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from gateway.api.client_sink import client_sink
+from gateway.api.client_sink import open_stream
 from gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                               UpstreamTransportError)
 from support import free_port, uvicorn_in_thread
@@ -242,13 +242,15 @@ async def test_the_per_replica_limit_holds_an_exchange_until_one_ends() -> None:
 # The client side: which sink a stream takes under each uvicorn protocol, and that both
 # produce the same chunked body.
 
+EVENTS = (b"data: 1\n\n", b"", b"data: 2\n\n")
+HEADERS = [(b"Content-Type", b"text/event-stream"), (b"x-gateway-replica", b"r0")]
+
+
 async def _sink_app(scope, receive, send) -> None:
     if scope["type"] != "http":
         return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")]})
-    sink = client_sink(send)
-    for event in (type(sink).__name__.encode(), b"data: 1\n\n", b"", b"data: 2\n\n"):
+    sink = await open_stream(send, 200, HEADERS, b"first ")
+    for event in (type(sink).__name__.encode(), *EVENTS):
         sink.write(event)
         await asyncio.sleep(0.005)
     await sink.finish()
@@ -256,14 +258,65 @@ async def _sink_app(scope, receive, send) -> None:
 
 
 @pytest.mark.parametrize("http, sink", [("httptools", b"_TransportSink"), ("h11", b"_SendSink")])
+@pytest.mark.parametrize("access_log", [False, True])
 def test_a_stream_is_written_straight_to_uvicorns_transport_or_through_send(
-        http: str, sink: bytes) -> None:
-    with uvicorn_in_thread(_sink_app, http=http, lifespan="off") as port, \
+        http: str, sink: bytes, access_log: bool) -> None:
+    with uvicorn_in_thread(_sink_app, http=http, lifespan="off", access_log=access_log) as port, \
             httpx.Client() as client:
         for _ in range(2):  # the connection stays usable after the stream
             response = client.get(f"http://127.0.0.1:{port}/")
             assert response.headers["transfer-encoding"] == "chunked"
-            assert response.content == sink + b"data: 1\n\ndata: 2\n\n"
+            assert response.headers["content-type"] == "text/event-stream"
+            assert response.content == b"first " + sink + b"data: 1\n\ndata: 2\n\n"
+
+
+async def _two_ways_app(scope, receive, send) -> None:
+    """``/own``: the stream started by ``open_stream``; ``/uvicorn``: by uvicorn's own
+    ``http.response.start``, the same status, headers and chunks."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/own":
+        sink = await open_stream(send, 200, HEADERS, b"first ")
+        for event in EVENTS:
+            sink.write(event)
+        await sink.finish()
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    for event in (b"first ", *EVENTS):
+        if event:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _raw_exchange(port: int, path: str, close: bool) -> bytes:
+    """The response's bytes as sent, read until the chunked body's end (or the close)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\n%s\r\n"
+                  % (path.encode(), b"connection: close\r\n" if close else b""))
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            more = s.recv(65536)
+            if not more:
+                break
+            data += more
+        return data
+
+
+@pytest.mark.parametrize("close", [False, True])
+def test_a_stream_started_in_one_write_has_uvicorns_own_bytes(close: bool) -> None:
+    """The status line, headers (uvicorn's date and server first, names lowercased, the
+    connection's own close) and chunks are byte for byte what uvicorn writes itself."""
+    with uvicorn_in_thread(_two_ways_app, http="httptools", lifespan="off",
+                           access_log=False) as port:
+        own, plain = (_raw_exchange(port, path, close) for path in ("/own", "/uvicorn"))
+    mask = lambda raw: b"\r\n".join(  # noqa: E731 - the date differs by the second
+        line for line in raw.split(b"\r\n") if not line.startswith(b"date: "))
+    assert mask(own) == mask(plain)
+    assert own.startswith(b"HTTP/1.1 200 OK\r\n") and b"x-gateway-replica: r0\r\n" in own
+    assert (b"connection: close\r\n" in own) is close
+    assert own.endswith(b"6\r\nfirst \r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
 
 
 async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
-from gateway.api.client_sink import client_sink
+from gateway.api.client_sink import open_stream
 from gateway.canary import shadow
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
 from gateway.fleet.replica import Replica
@@ -147,10 +147,7 @@ class GenerationEndpoint:
                         return
                     sink = None
                     try:
-                        await send({"type": "http.response.start", "status": reply.status,
-                                    "headers": headers})
-                        sink = client_sink(send)
-                        sink.write(reply.first)
+                        sink = await open_stream(send, reply.status, headers, reply.first)
                         reply.stream.attach(sink)  # the rest goes out as the replica sends it
                         await reply.stream.wait()
                         await sink.finish()
