@@ -16,7 +16,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from gateway.api.client_sink import open_stream
+from gateway.api.client_sink import open_stream, send_whole
 from gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                               UpstreamTransportError)
 from support import free_port, uvicorn_in_thread
@@ -270,10 +270,22 @@ def test_a_stream_is_written_straight_to_uvicorns_transport_or_through_send(
             assert response.content == b"first " + sink + b"data: 1\n\ndata: 2\n\n"
 
 
+WHOLE = b'{"error": {"message": "too long"}}'
+
+
 async def _two_ways_app(scope, receive, send) -> None:
     """``/own``: the stream started by ``open_stream``; ``/uvicorn``: by uvicorn's own
-    ``http.response.start``, the same status, headers and chunks."""
+    ``http.response.start``, the same status, headers and chunks. ``/own-whole`` and
+    ``/uvicorn-whole``: a whole 400 answer by ``send_whole`` and by uvicorn."""
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/own-whole":
+        await send_whole(send, 400, HEADERS, WHOLE)
+        return
+    if scope["path"] == "/uvicorn-whole":
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [*HEADERS, (b"content-length", b"%d" % len(WHOLE))]})
+        await send({"type": "http.response.body", "body": WHOLE})
         return
     if scope["path"] == "/own":
         sink = await open_stream(send, 200, HEADERS, b"first ")
@@ -289,19 +301,24 @@ async def _two_ways_app(scope, receive, send) -> None:
 
 
 def _raw_exchange(port: int, path: str, close: bool) -> bytes:
-    """The response's bytes as sent, read until the chunked body's end (or the close)."""
+    """The response's bytes as sent, read until the body's end (or the close)."""
     import socket
 
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\n%s\r\n"
                   % (path.encode(), b"connection: close\r\n" if close else b""))
         data = b""
-        while not data.endswith(b"0\r\n\r\n"):
+        while not data.endswith((b"0\r\n\r\n", WHOLE)):
             more = s.recv(65536)
             if not more:
                 break
             data += more
         return data
+
+
+def _masked(raw: bytes) -> bytes:
+    """Without the date header (it may change between two answers)."""
+    return b"\r\n".join(line for line in raw.split(b"\r\n") if not line.startswith(b"date: "))
 
 
 @pytest.mark.parametrize("close", [False, True])
@@ -311,12 +328,39 @@ def test_a_stream_started_in_one_write_has_uvicorns_own_bytes(close: bool) -> No
     with uvicorn_in_thread(_two_ways_app, http="httptools", lifespan="off",
                            access_log=False) as port:
         own, plain = (_raw_exchange(port, path, close) for path in ("/own", "/uvicorn"))
-    mask = lambda raw: b"\r\n".join(  # noqa: E731 - the date differs by the second
-        line for line in raw.split(b"\r\n") if not line.startswith(b"date: "))
-    assert mask(own) == mask(plain)
+    assert _masked(own) == _masked(plain)
     assert own.startswith(b"HTTP/1.1 200 OK\r\n") and b"x-gateway-replica: r0\r\n" in own
     assert (b"connection: close\r\n" in own) is close
     assert own.endswith(b"6\r\nfirst \r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+
+
+@pytest.mark.parametrize("close", [False, True])
+def test_a_whole_answer_in_one_write_has_uvicorns_own_bytes(close: bool) -> None:
+    with uvicorn_in_thread(_two_ways_app, http="httptools", lifespan="off",
+                           access_log=False) as port:
+        own, plain = (_raw_exchange(port, path, close)
+                      for path in ("/own-whole", "/uvicorn-whole"))
+    assert _masked(own) == _masked(plain)
+    assert own.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert own.endswith(b"content-length: %d\r\n%s\r\n%s"
+                        % (len(WHOLE), b"connection: close\r\n" if close else b"", WHOLE))
+
+
+def test_a_connection_stays_usable_after_an_answer_in_one_write() -> None:
+    import socket
+
+    request = b"GET /own-whole HTTP/1.1\r\nhost: x\r\n\r\n"
+    with uvicorn_in_thread(_two_ways_app, http="httptools", lifespan="off",
+                           access_log=False) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for _ in range(3):  # one after the other on the same connection
+            s.sendall(request)
+            data = b""
+            while not data.endswith(WHOLE):
+                more = s.recv(65536)
+                assert more, "the server closed the connection"
+                data += more
+            assert data.startswith(b"HTTP/1.1 400 ") and data.count(b"HTTP/1.1") == 1
 
 
 async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:

@@ -1,12 +1,12 @@
-"""How a streamed answer reaches the client: its start, its events, its end.
+"""How an answer reaches the client: a whole body, or a stream's start, events and end.
 
 Under uvicorn's httptools server (what ``llm-gateway serve`` runs) the stream is written
 straight onto the connection's transport as HTTP/1.1 chunks, from the relay's upstream read
 callback: one ``transport.write`` per upstream read, with no ASGI message, coroutine or task
-switch per event. The status line and headers go out in the same write as the first token
-(one write and one client wake-up instead of two, on the path of time to first token), with
-the cycle's state set as uvicorn's own start would set it; the response ends through ASGI
-``send`` as usual, so uvicorn's keep-alive and pipelining stay exact.
+switch per event. The status line and headers go out in the same write as the first token,
+or as the whole body (one write and one client wake-up instead of two), with the cycle's
+state set as uvicorn's own start would set it; the response ends through ASGI ``send`` as
+usual, so uvicorn's keep-alive and pipelining stay exact.
 
 Under any other ASGI server the stream goes through ``send``: writes are queued and one task
 sends them, coalescing what arrived while the previous send was in progress.
@@ -43,47 +43,69 @@ class ClientSink(Sink, Protocol):
 async def open_stream(send: Send, status: int, headers: list[tuple[bytes, bytes]],
                       first: bytes) -> ClientSink:
     """Start a streamed (chunked) response with ``first`` as its first chunk; the sink takes
-    the rest. ``headers`` come from the replica (as llhttp parsed them: no CR or LF can be
-    in them) and from the gateway itself."""
+    the rest."""
     cycle = httptools_cycle(send)
-    if cycle is not None and _can_start(cycle, status):
-        _start_chunked(cycle, status, headers, first)
+    if cycle is not None and _can_start(cycle, status) and status not in (204, 304):
+        _write_head(cycle, status, headers, None, first)
         return _TransportSink(cycle, send)
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    cycle = httptools_cycle(send)
     sink = (_TransportSink(cycle, send) if cycle is not None and cycle.chunked_encoding is True
             else _SendSink(send))
     sink.write(first)
     return sink
 
 
+async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]],
+                     body: bytes) -> None:
+    """A whole answer (``content-length``): head and body in one write."""
+    cycle = httptools_cycle(send)
+    if cycle is not None and _can_start(cycle, status):
+        _write_head(cycle, status, headers, len(body), body)
+        await send({"type": "http.response.body", "body": b""})  # uvicorn ends the exchange
+        return
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _can_start(cycle: "HttptoolsCycle", status: int) -> bool:
     """The cases uvicorn's start handles the plain way (a HEAD, an access log to write, a
-    client not keeping up, one gone) are left to it."""
-    return (not cycle.response_started and not cycle.disconnected and not cycle.access_log
-            and not cycle.flow.write_paused and cycle.scope["method"] != "HEAD"
-            and status in STATUS_LINE and status not in (204, 304))
+    client not keeping up, one gone, a status it has no line for) are left to it."""
+    return (status in STATUS_LINE and not cycle.response_started and not cycle.disconnected
+            and not cycle.access_log and not cycle.flow.write_paused
+            and cycle.scope["method"] != "HEAD")
 
 
-def _start_chunked(cycle: "HttptoolsCycle", status: int, headers: list[tuple[bytes, bytes]],
-                   first: bytes) -> None:
-    """What uvicorn's ``http.response.start`` does for a chunked response, and the first
-    chunk, in one write. The headers carry no length, framing or connection header (the
-    relay drops the replica's)."""
+def _write_head(cycle: "HttptoolsCycle", status: int, headers: list[tuple[bytes, bytes]],
+                length: int | None, payload: bytes) -> None:
+    """What uvicorn's ``http.response.start`` writes and sets, and the payload in the same
+    write: the whole body (``length``) or, chunked (``None``), the first chunk. The cycle
+    is left as after uvicorn's own start and that payload, so its ``send`` ends the exchange
+    (keep-alive, pipelining) as usual.
+
+    ``headers`` carry no length, framing or connection header (the relay drops the
+    replica's). They are not checked as uvicorn checks them: the replica's were parsed by
+    llhttp, which refuses control characters in names and values, and the gateway's own are
+    names it chose and values it made (ids checked printable, numbers)."""
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
-    cycle.chunked_encoding = True
-    cycle.expected_content_length = 0
+    cycle.chunked_encoding = length is None
+    cycle.expected_content_length = 0  # nothing more is due
     content = [STATUS_LINE[status]]
     for name, value in cycle.default_headers:
         content += [name, b": ", value, b"\r\n"]
     for name, value in headers:
         content += [name.lower(), b": ", value, b"\r\n"]
+    if length is not None:  # in uvicorn's order: the app's headers, then its own
+        content.append(b"content-length: %d\r\n" % length)
     if not cycle.keep_alive:
         content.append(b"connection: close\r\n")
-    content.append(b"transfer-encoding: chunked\r\n\r\n")
-    if first:
-        content += [b"%x\r\n" % len(first), first, b"\r\n"]
+    if length is None:
+        content.append(b"transfer-encoding: chunked\r\n\r\n")
+        if payload:
+            content += [b"%x\r\n" % len(payload), payload, b"\r\n"]
+    else:
+        content += [b"\r\n", payload]
     cycle.transport.write(b"".join(content))
 
 

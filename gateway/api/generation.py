@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
-from gateway.api.client_sink import open_stream
+from gateway.api.client_sink import open_stream, send_whole
 from gateway.canary import shadow
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
 from gateway.fleet.replica import Replica
@@ -72,13 +72,6 @@ def read_headers(scope: Scope) -> tuple[str, str | None, str | None, bytes | Non
     return request_id or new_request_id(), session, pool, authorization
 
 
-async def send_body(send: Send, status: int, body: bytes,
-                    headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
 JSON = (b"content-type", b"application/json")
 
 
@@ -86,7 +79,7 @@ async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
                      extra: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006 - not mutated
     headers = [JSON, (b"x-request-id", request_id.encode()), *extra]
     headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
-    await send_body(send, error.status_for(api), error.body(api), headers)
+    await send_whole(send, error.status_for(api), headers, error.body(api))
 
 
 class GenerationEndpoint:
@@ -143,7 +136,7 @@ class GenerationEndpoint:
                         return
                     headers = reply.headers + grant.headers if grant.headers else reply.headers
                     if reply.stream is None:
-                        await send_body(send, reply.status, reply.body, headers)
+                        await send_whole(send, reply.status, headers, reply.body)
                         return
                     sink = None
                     try:
