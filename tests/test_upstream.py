@@ -380,3 +380,17 @@ async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:
         assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 2"
         assert server.connections == 2
     await pool.close()
+
+
+def test_under_a_uvicorn_whose_cycle_differs_answers_take_uvicorns_own_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle without the state the one-write start sets (a future uvicorn, say) is never
+    written to directly; the check is made once."""
+    from types import SimpleNamespace
+
+    import gateway.api.client_sink as client_sink
+
+    monkeypatch.setattr(client_sink, "_cycle_known", None)
+    state = {name: None for name in client_sink._CYCLE_STATE if name != "default_headers"}
+    assert not client_sink._can_start(SimpleNamespace(**state), 200)  # type: ignore[arg-type]
+    assert client_sink._cycle_known is False

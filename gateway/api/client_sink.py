@@ -68,12 +68,23 @@ async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]]
     await send({"type": "http.response.body", "body": body})
 
 
+# The state of uvicorn's cycle that ``_write_head`` reads or sets (uvicorn 0.29 to 0.54).
+_CYCLE_STATE = ("response_started", "disconnected", "access_log", "flow", "scope",
+                "default_headers", "keep_alive", "transport", "waiting_for_100_continue",
+                "chunked_encoding", "expected_content_length")
+_cycle_known: bool | None = None  # whether this uvicorn's cycle has it all (checked once)
+
+
 def _can_start(cycle: "HttptoolsCycle", status: int) -> bool:
     """The cases uvicorn's start handles the plain way (a HEAD, an access log to write, a
-    client not keeping up, one gone, a status it has no line for) are left to it."""
-    return (status in STATUS_LINE and not cycle.response_started and not cycle.disconnected
-            and not cycle.access_log and not cycle.flow.write_paused
-            and cycle.scope["method"] != "HEAD")
+    client not keeping up, one gone, a status it has no line for) are left to it, and so
+    is every answer under a uvicorn whose cycle is not the one ``_write_head`` knows."""
+    global _cycle_known
+    if _cycle_known is None:
+        _cycle_known = all(hasattr(cycle, name) for name in _CYCLE_STATE)
+    return (_cycle_known and status in STATUS_LINE and not cycle.response_started
+            and not cycle.disconnected and not cycle.access_log
+            and not cycle.flow.write_paused and cycle.scope["method"] != "HEAD")
 
 
 def _write_head(cycle: "HttptoolsCycle", status: int, headers: list[tuple[bytes, bytes]],
