@@ -69,10 +69,9 @@ class Sink(Protocol):
     """Where a stream's bytes go after its first token: the client's connection (or a
     canary's shadow reader). ``write`` is called from the upstream read callback."""
 
-    def write(self, data: bytes) -> None: ...
-
-    def full(self) -> bool:
-        """True while the client is not keeping up (the relay stops reading upstream)."""
+    def write(self, data: bytes) -> bool:
+        """Send ``data`` on; True while the client is not keeping up (the relay then stops
+        reading upstream until ``when_drained`` calls back). One call per upstream read."""
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the client has caught up."""
@@ -293,21 +292,22 @@ class RelayedStream:
     deadline is a float store, and the timer is re-armed only when it fires early.
     """
 
-    __slots__ = ("relay", "request", "placement", "meter", "response", "arrival", "reader",
-                 "reply", "held", "backlog", "sink", "taps", "first_at", "last_at", "status",
-                 "ended", "timeout", "deadline", "_loop", "_timer", "_first", "_done",
+    __slots__ = ("relay", "request", "placement", "lease", "meter", "response", "arrival",
+                 "reader", "reply", "held", "backlog", "sink", "taps", "first_at", "last_at",
+                 "status", "ended", "timeout", "deadline", "_loop", "_timer", "_first", "_done",
                  "_paused")
 
     def __init__(self, relay: Relay, request: GenerationRequest, placement: Placement,
                  meter: RequestMetrics, response: UpstreamResponse, arrival: float,
                  reader: StreamReader, reply: Reply) -> None:
         self.relay, self.request, self.placement, self.meter = relay, request, placement, meter
+        self.lease = placement.lease  # per read: one object fewer to reach it through
         self.response, self.arrival, self.reader = response, arrival, reader
         self.reply: Reply | None = reply  # given its usage at the end
         self.held = b""  # tokenless events (a chat role chunk) before the first token
         self.backlog: list[bytes] = []  # after the first token, before attach()
         self.sink: Sink | None = None
-        self.taps: list[Tap] = []
+        self.taps: tuple[Tap, ...] = ()  # the shared empty tuple, read per write
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.status = 200
@@ -332,7 +332,7 @@ class RelayedStream:
             self._emit(out)
 
     def tap(self, tap: Tap) -> None:
-        self.taps.append(tap)
+        self.taps += (tap,)
 
     async def wait(self) -> None:
         """Until the stream has ended (completed, failed with an error event, or closed)."""
@@ -357,7 +357,7 @@ class RelayedStream:
         out, events = self.reader.feed(data)
         if events:
             self.last_at = now = time.perf_counter()
-            lease = self.placement.lease
+            lease = self.lease
             first = self.first_at is None
             if first:
                 self.first_at = now
@@ -369,10 +369,12 @@ class RelayedStream:
             self.timeout = min(timeouts.between_tokens,
                                max(self.arrival + timeouts.total - now, 0.0))
             self.deadline = self._loop.time() + self.timeout
-            if self.deadline < self._timer.when():  # moved earlier (the first token): re-arm
-                self._timer.cancel()
-                self._timer = self._loop.call_at(self.deadline, self._on_timer)
             if first:
+                # The deadline may have moved earlier (from here on it only moves later, and
+                # the timer re-arms itself when it fires early): re-arm.
+                if self.deadline < self._timer.when():
+                    self._timer.cancel()
+                    self._timer = self._loop.call_at(self.deadline, self._on_timer)
                 out, self.held = self.held + out, b""
                 self._first.set_result(out)
                 return
@@ -410,8 +412,7 @@ class RelayedStream:
             return
         for tap in self.taps:
             tap.feed(out)
-        sink.write(out)
-        if not self._paused and sink.full():
+        if sink.write(out) and not self._paused:
             self._paused = True
             self.response.pause_reading()
             sink.when_drained(self._resume)
@@ -455,7 +456,7 @@ class RelayedStream:
         self.ended = True
         self.status = status
         self._timer.cancel()
-        self.placement.lease.close()
+        self.lease.close()
         relay, replica, reader = self.relay, self.placement.replica, self.reader
         if status >= 500:
             relay._failed(replica, self.request)

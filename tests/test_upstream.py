@@ -273,6 +273,59 @@ def test_a_stream_is_written_straight_to_uvicorns_transport_or_through_send(
 WHOLE = b'{"error": {"message": "too long"}}'
 
 
+CHUNKS, CHUNK = 128, 64 * 1024  # 8 MiB: more than a loopback connection buffers
+
+
+async def _flood_app(scope, receive, send) -> None:
+    """Writes numbered 64 KiB chunks; whenever the sink says the client is not keeping up,
+    waits until it has drained (as the relay does, by not reading upstream)."""
+    if scope["type"] != "http":
+        return
+    sink = await open_stream(send, 200, HEADERS, b"")
+    pauses = 0
+    for i in range(CHUNKS):
+        if sink.write(b"%06d" % i + b"x" * (CHUNK - 6)):
+            pauses += 1
+            drained = asyncio.Event()
+            sink.when_drained(drained.set)
+            await asyncio.wait_for(drained.wait(), 20)
+    sink.write(b"pauses=%d" % pauses)
+    await sink.finish()
+    sink.close()
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_client_that_does_not_read_makes_the_sink_full_until_it_has_drained(
+        http: str) -> None:
+    import socket
+    import time
+
+    with uvicorn_in_thread(_flood_app, http=http, lifespan="off", access_log=False) as port, \
+            socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        s.settimeout(20)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        time.sleep(0.5)  # reads nothing: the server's buffers fill
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            more = s.recv(1 << 20)
+            assert more, "the server closed the connection"
+            data += more
+    head, _, chunked = data.partition(b"\r\n\r\n")
+    payload, rest = b"", chunked
+    while True:  # undo the chunked framing
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        payload, rest = payload + rest[:size], rest[size + 2:]
+    numbers = [int(payload[i:i + 6]) for i in range(0, CHUNKS * CHUNK, CHUNK)]
+    assert numbers == list(range(CHUNKS))  # everything, in order
+    pauses = int(payload[CHUNKS * CHUNK:].removeprefix(b"pauses="))
+    assert 1 <= pauses < CHUNKS, pauses
+
+
 async def _two_ways_app(scope, receive, send) -> None:
     """``/own``: the stream started by ``open_stream``; ``/uvicorn``: by uvicorn's own
     ``http.response.start``, the same status, headers and chunks. ``/own-whole`` and

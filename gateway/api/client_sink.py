@@ -128,12 +128,15 @@ class _TransportSink(ClientSink):
         self.transport, self.flow = cycle.transport, cycle.flow
         self._waiter: asyncio.Task[None] | None = None
 
-    def write(self, data: bytes) -> None:
-        if data and not self.cycle.disconnected:
-            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    def full(self) -> bool:
-        return self.flow.write_paused and not self.cycle.disconnected
+    def write(self, data: bytes) -> bool:
+        # Called per upstream read of hundreds of streams: the transport is asked, not
+        # uvicorn's request state (a closing transport is a client gone).
+        transport = self.transport
+        if transport.is_closing():
+            return False
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return self.flow.write_paused
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         async def drained() -> None:
@@ -162,13 +165,11 @@ class _SendSink(ClientSink):
         self.ending = False
         self.pump = asyncio.ensure_future(self._pump())
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> bool:
         if data:
             self.queue.append(data)
             self.queued += len(data)
             self.wakeup.set()
-
-    def full(self) -> bool:
         return self.queued > HIGH_WATER
 
     def when_drained(self, callback: Callable[[], None]) -> None:

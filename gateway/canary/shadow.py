@@ -176,12 +176,13 @@ def primary_failed(primary: TextCollector) -> None:
 class _Reader:
     """The relay's sink for a shadow copy: every byte read, never full."""
 
-    __slots__ = ("write",)
+    __slots__ = ("feed",)
 
     def __init__(self, feed: Callable[[bytes], None]) -> None:
-        self.write = feed
+        self.feed = feed
 
-    def full(self) -> bool:
+    def write(self, data: bytes) -> bool:
+        self.feed(data)
         return False
 
     def when_drained(self, callback: Callable[[], None]) -> None:
