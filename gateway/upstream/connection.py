@@ -25,12 +25,6 @@ class StaleConnection(UpstreamTransportError):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    # Slots: read on every upstream read of hundreds of open streams, an instance dict is
-    # more memory to reach than fixed offsets.
-    __slots__ = ("_on_idle", "_on_closed", "transport", "parser", "reused", "idle_since",
-                 "response", "_headers", "_until_close", "_received", "_waiter", "_paused",
-                 "on_exchange_end", "body_to")
-
     def __init__(self, on_idle: Callable[["UpstreamConnection"], None],
                  on_closed: Callable[["UpstreamConnection"], None]) -> None:
         self._on_idle = on_idle  # the pool takes it back
