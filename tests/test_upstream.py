@@ -307,19 +307,21 @@ def test_a_client_that_does_not_read_makes_the_sink_full_until_it_has_drained(
         s.connect(("127.0.0.1", port))
         s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         time.sleep(0.5)  # reads nothing: the server's buffers fill
-        data = b""
+        data = bytearray()
         while not data.endswith(b"0\r\n\r\n"):
             more = s.recv(1 << 20)
             assert more, "the server closed the connection"
             data += more
-    head, _, chunked = data.partition(b"\r\n\r\n")
-    payload, rest = b"", chunked
+    at = data.index(b"\r\n\r\n") + 4
+    pieces = []
     while True:  # undo the chunked framing
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end], 16)
         if size == 0:
             break
-        payload, rest = payload + rest[:size], rest[size + 2:]
+        pieces.append(data[end + 2:end + 2 + size])
+        at = end + 2 + size + 2
+    payload = b"".join(pieces)
     numbers = [int(payload[i:i + 6]) for i in range(0, CHUNKS * CHUNK, CHUNK)]
     assert numbers == list(range(CHUNKS))  # everything, in order
     pauses = int(payload[CHUNKS * CHUNK:].removeprefix(b"pauses="))
