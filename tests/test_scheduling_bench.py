@@ -3,6 +3,8 @@ and the target check (the runs themselves are benchmarks, not tests)."""
 
 from __future__ import annotations
 
+import random
+
 from gateway.bench.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
                                       check_targets, combine_seeds, schedule)
 from gateway.bench.scheduling_virtual import run_row as run_virtual
@@ -141,9 +143,27 @@ def test_the_virtual_benchmark_command_runs_every_option(capsys) -> None:
     assert main(["--workloads", "W1", "--requests", "60", "--rows", "least_expected_work",
                  "least_expected_work@exact", "--profiles", "llama3-8b-h100-kvpoor",
                  "--asked", "256,1024", "--direct-share", "0.1", "--max-in-flight", "8",
-                 "--kv-binding", "1.0"]) == 0
+                 "--kv-binding", "1.0", "--compare", "round_robin"]) == 0
     out = capsys.readouterr().out
     assert "on llama3-8b-h100-kvpoor" in out and "least_expected_work@exact" in out
+    assert out.count("p99 minus round_robin's") == 2
+
+
+def test_the_p99_difference_is_paired_and_its_interval_covers_what_chance_allows() -> None:
+    """Rows that give every request the same TTFT differ by exactly 0; a row slower by 0.5 s
+    on every request is 0.5 s worse with no doubt; noise alone gives an interval around 0."""
+    from gateway.bench.scheduling_virtual import p99_difference
+    rng = random.Random(3)
+    seeds = [[rng.expovariate(10) for _ in range(1000)] for _ in range(2)]
+    assert p99_difference(seeds, seeds) == (0.0, 0.0, 0.0)
+    slower = [[t + 0.5 for t in seed] for seed in seeds]
+    diff, low, high = p99_difference(slower, seeds)
+    assert abs(diff - 0.5) < 1e-9 and abs(low - 0.5) < 1e-9 and abs(high - 0.5) < 1e-9
+    other = [[rng.expovariate(10) for _ in range(1000)] for _ in range(2)]  # same law
+    diff, low, high = p99_difference(other, seeds)
+    assert low < diff < high and low < 0 < high
+    with_direct = [[None, *seed[1:]] for seed in seeds]  # a request the gateway never placed
+    assert p99_difference(with_direct, slower)[0] < 0
 
 
 def test_learned_output_lengths_undo_the_noise_of_arbitrary_asks() -> None:

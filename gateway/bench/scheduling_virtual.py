@@ -3,6 +3,7 @@
     python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
         [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
         [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
+        [--compare ROW]
 
 The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
 simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
@@ -20,6 +21,12 @@ holding requests in the gateway does (late binding: ``--max-in-flight`` as the g
 per-replica limit; ``--kv-binding`` with the KV each replica holds for the gateway's
 requests, counted in true tokens: an upper bound of what a gateway that knows capacities
 could do).
+
+A p99 is the worst ~1% of one schedule, so two rows a few hundredths of a second apart may
+differ by chance alone. ``--compare ROW`` puts a number on that: each row's mean p99 minus
+ROW's, with a 95% interval from a paired block bootstrap (the same requests drawn for both
+rows, in blocks of consecutive arrivals, since a request's TTFT depends on its neighbours').
+An interval that holds 0 means the schedules cannot tell the two rows apart.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from gateway.balance.ledger import InProcessLedger, Lease
 from gateway.balance.output_estimate import OutputEstimate
@@ -56,6 +65,7 @@ class _Flight:
     """One request inside an engine, as the gateway sees it."""
 
     lease: Lease | None  # None: a direct client's, unseen by the gateway
+    index: int  # its place in the schedule
     arrived: float  # when the client sent it (TTFT counts any wait in the gateway's queue)
     prompt: int  # true prompt tokens (the KV it holds, for --kv-binding)
     ask: int  # the client's max_tokens
@@ -111,6 +121,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     per_replica = [0] * REPLICAS
     ttft: list[float] = []
     ttft_long: list[float] = []
+    ttft_by_request: list[float | None] = [None] * len(requests)  # None: a direct client's
     generated = 0
     events: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
     ARRIVE, STEP_END, SCRAPE = 0, 1, 2
@@ -167,7 +178,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         seq = Sequence(len(ids), req.max_tokens,
                        "length" if ask == req.max_tokens else "stop",
                        block_hashes=block_hashes(ids, profile.block_size))
-        flights[id(seq)] = _Flight(lease, arrivals[k], len(ids), ask, req.tag == "long")
+        flights[id(seq)] = _Flight(lease, k, arrivals[k], len(ids), ask, req.tag == "long")
         engines[i].sched.add(seq, now)
         if not engines[i].busy:
             start_step(i, now)
@@ -194,6 +205,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                 if seen == 0:
                     lease.first_token()
                     ttft.append(s.first_token_at - flight.arrived)
+                    ttft_by_request[flight.index] = ttft[-1]
                     if flight.long:
                         ttft_long.append(s.first_token_at - flight.arrived)
                 lease.generated(s.generated - seen)
@@ -224,7 +236,30 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "requests_per_replica": per_replica,
         "prefix_cache_hit_rate": round(sum(m.prefix_hits for m in meters) / queries, 3),
         "preemptions": sum(m.preemptions for m in meters),
+        "ttft_by_request_s": ttft_by_request,
     }
+
+
+def p99_difference(rows: Sequence[Sequence[float | None]],
+                   baselines: Sequence[Sequence[float | None]], rounds: int = 2000,
+                   block: int = 100, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over seeds of (a row's TTFT p99 - the baseline row's), and a 95% interval for
+    it: a paired circular block bootstrap over the requests of each seed's schedule. Each
+    argument holds one list of per-request TTFTs per seed, in schedule order (None for
+    requests the gateway did not place, left out of both)."""
+    rng = np.random.default_rng(seed)
+    observed, draws = [], np.zeros(rounds)
+    for row, base in zip(rows, baselines, strict=True):
+        both = [(a, b) for a, b in zip(row, base, strict=True) if a is not None and b is not None]
+        a, b = np.array(both).T
+        n = len(a)
+        observed.append(np.percentile(a, 99) - np.percentile(b, 99))
+        starts = rng.integers(0, n, size=(rounds, -(-n // block)))
+        picks = ((starts[:, :, None] + np.arange(block)) % n).reshape(rounds, -1)[:, :n]
+        draws += np.percentile(a[picks], 99, axis=1) - np.percentile(b[picks], 99, axis=1)
+    draws /= len(observed)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(np.mean(observed)), float(low), float(high)
 
 
 def _seconds(values: list[float], q: float) -> float | None:
@@ -260,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                              "pass this share of its capacity; send it to the first with room")
     parser.add_argument("--profiles", nargs="+", default=[DEFAULT_PROFILE],
                         choices=list(TIMING_MODELS), help="the replicas' timing models")
+    parser.add_argument("--compare", metavar="ROW",
+                        help="also print each row's mean p99 minus this row's, with a 95%% "
+                             "paired block-bootstrap interval (ROW runs even if not in --rows)")
     parser.add_argument("--saturation", action="store_true",
                         help="print round robin's saturation per workload and profile (the "
                              "rates the schedules are built from) and exit")
@@ -275,16 +313,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {w.title} on {profile}: TTFT p99 s per seed (mean) | p50 (mean) | "
                   "tok/s | per replica (first seed)")
             schedules = [schedule(w, args.requests, seed) for seed in args.seeds]
+
+            runs: dict[str, list[dict[str, Any]]] = {}
+
+            def run(row: str) -> list[dict[str, Any]]:
+                if row not in runs:
+                    runs[row] = [run_row(w, row, reqs, arr, args.direct_share, args.asked,
+                                         args.max_in_flight, args.kv_binding)
+                                 for reqs, arr in schedules]
+                return runs[row]
+
+            baseline = run(args.compare) if args.compare else None
             for row in args.rows:
-                results = [run_row(w, row, reqs, arr, args.direct_share, args.asked,
-                                   args.max_in_flight, args.kv_binding)
-                           for reqs, arr in schedules]
+                results = run(row)
                 p99 = [r["ttft_p99_s"] for r in results]
                 print(f"  {row:<60} {' '.join(f'{v:6.2f}' for v in p99)}"
                       f"  ({statistics.mean(p99):.2f})"
                       f" | {statistics.mean(r['ttft_p50_s'] for r in results):.3f}"
                       f" | {statistics.mean(r['output_tokens_per_s'] for r in results):.0f}"
                       f" | {results[0]['requests_per_replica']}", flush=True)
+                if baseline is not None and row != args.compare:
+                    diff, low, high = p99_difference(
+                        [r["ttft_by_request_s"] for r in results],
+                        [r["ttft_by_request_s"] for r in baseline])
+                    print(f"  {'':<60} p99 minus {args.compare}'s: {diff:+.3f} s "
+                          f"(95% interval {low:+.3f} .. {high:+.3f})", flush=True)
     return 0
 
 
