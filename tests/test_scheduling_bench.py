@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 
 from gateway.bench.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
-                                      check_targets, combine_seeds, schedule)
+                                      check_targets, combine_seeds, compare_to_default,
+                                      markdown, schedule)
 from gateway.bench.scheduling_virtual import run_row as run_virtual
 
 
@@ -152,9 +153,11 @@ def test_the_virtual_benchmark_command_runs_every_option(capsys) -> None:
 def test_the_p99_difference_is_paired_and_its_interval_covers_what_chance_allows() -> None:
     """Rows that give every request the same TTFT differ by exactly 0; a row slower by 0.5 s
     on every request is 0.5 s worse with no doubt; noise alone gives an interval around 0."""
-    from gateway.bench.scheduling_virtual import p99_difference
+    from gateway.bench.report import p99_difference, percentile, top_percentile
     rng = random.Random(3)
     seeds = [[rng.expovariate(10) for _ in range(1000)] for _ in range(2)]
+    for q in (99, 99.9, 100):
+        assert top_percentile(seeds[0], q) == percentile(sorted(seeds[0]), q)
     assert p99_difference(seeds, seeds) == (0.0, 0.0, 0.0)
     slower = [[t + 0.5 for t in seed] for seed in seeds]
     diff, low, high = p99_difference(slower, seeds)
@@ -178,3 +181,28 @@ def test_learned_output_lengths_undo_the_noise_of_arbitrary_asks() -> None:
             for row in ("least_expected_work", "least_expected_work@asked",
                         "least_expected_work@exact"))
         assert learned < 0.6 * asked and learned < 1.1 * exact, (seed, learned, asked, exact)
+
+
+def test_wall_clock_rows_are_compared_with_the_default_request_by_request() -> None:
+    """Every row but the default gets its p99 minus the default's with an interval, in the
+    JSON and in the markdown table; unavailable rows are left alone."""
+    rng = random.Random(5)
+
+    def row(name: str, shift: float) -> dict:
+        by_seed = {seed: {"ttft_by_request_s": [rng.expovariate(20) + shift
+                                                 for _ in range(400)], "ttft_p99_s": 0.3}
+                   for seed in (1, 2)}
+        return {"row": name, "ttft_p50_s": 0.05, "ttft_p99_s": 0.3, "errors": {},
+                "ttft_p99_s_by_seed": {1: 0.3, 2: 0.3}, "output_tokens_per_s": 100.0,
+                "requests_per_replica": [100, 100], "prefix_cache_hit_rate": None,
+                "by_seed": by_seed}
+
+    rows = [row("least_expected_work", 0.0), row("round_robin", 1.0),
+            {"row": "vllm-router power_of_two", "unavailable": "not installed"}]
+    compare_to_default(rows)
+    assert "p99_minus_default_s" not in rows[0] and "p99_minus_default_s" not in rows[2]
+    diff, low, high = rows[1]["p99_minus_default_s"]
+    assert 0.5 < low <= diff <= high  # a second slower on every request: beyond chance
+    table = markdown({"profile": "llama3-8b-a100", "workloads": {"W1": {
+        "requests": 400, "seeds": [1, 2], "mean_rate": 30.0, "rows": rows, "targets": []}}})
+    assert f"| {diff:+.3f} ({low:+.3f} .. {high:+.3f}) |" in table

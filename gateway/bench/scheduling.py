@@ -62,7 +62,7 @@ from typing import Any, Iterator
 
 from gateway.bench.loadgen import Request, Target, open_loop
 from gateway.bench.overhead import HOST, ROOT, free_port, stop, wait_ready
-from gateway.bench.report import distribution_ms, summarize
+from gateway.bench.report import distribution_ms, p99_difference, summarize
 from gateway.bench.workload import synthetic_prompt
 
 MODEL = "m"
@@ -275,6 +275,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "requests_per_replica": per_replica,
         "prefix_cache_hit_rate": round(hits / prompt, 3) if prompt else None,
         "wall_s": round(elapsed, 1), "logs": str(tmp),
+        # in schedule order, for comparing rows request by request (None: not served)
+        "ttft_by_request_s": [r.ttft * w.speed if r.ok and r.ttft is not None else None
+                              for r in run.records],
     }
 
 
@@ -313,6 +316,19 @@ def combine_seeds(row: str, by_seed: dict[int, dict[str, Any]]) -> dict[str, Any
         "prefix_cache_hit_rate": mean("prefix_cache_hit_rate"),
         "by_seed": by_seed,
     }
+
+
+def compare_to_default(rows: list[dict[str, Any]]) -> None:
+    """Give every other row its mean p99 minus the default's with a 95% interval
+    (``report.p99_difference``): which differences chance could explain."""
+    ours = next((r for r in rows if r["row"] == DEFAULT and "unavailable" not in r), None)
+    if ours is None:
+        return
+    for r in rows:
+        if r is not ours and "unavailable" not in r:
+            r["p99_minus_default_s"] = [round(v, 3) for v in p99_difference(
+                [s["ttft_by_request_s"] for s in r["by_seed"].values()],
+                [s["ttft_by_request_s"] for s in ours["by_seed"].values()])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,11 +378,12 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"**{name} {w.title}** on {w.profile} ({res['requests']} requests per "
                   f"seed, seeds {', '.join(map(str, seeds))}; {res['mean_rate']:.1f} req/s mean, speed "
                   f"{w.speed:g})", "",
-                  "| row | TTFT p50 s | TTFT p99 s (per seed) | output tok/s | requests per "
-                  "replica | prefix hit |", "|---|---:|---:|---:|---|---:|"]
+                  "| row | TTFT p50 s | TTFT p99 s (per seed) | p99 minus the default's (95% "
+                  "interval) | output tok/s | requests per replica | prefix hit |",
+                  "|---|---:|---:|---:|---:|---|---:|"]
         for r in res["rows"]:
             if "unavailable" in r:
-                lines.append(f"| {r['row']} | unavailable: {r['unavailable']} | | | | |")
+                lines.append(f"| {r['row']} | unavailable: {r['unavailable']} | | | | | |")
                 continue
             errors = f" ({sum(r['errors'].values())} errors)" if r["errors"] else ""
             hit = r["prefix_cache_hit_rate"]
@@ -375,7 +392,9 @@ def markdown(results: dict[str, Any]) -> str:
             p99 = str(r['ttft_p99_s'])
             if len(per_seed) > 1:
                 p99 += f" ({' / '.join(str(v) for v in per_seed.values())})"
-            lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {p99} | "
+            diff = r.get("p99_minus_default_s")
+            versus = "" if diff is None else f"{diff[0]:+.3f} ({diff[1]:+.3f} .. {diff[2]:+.3f})"
+            lines.append(f"| {r['row']}{errors} | {r['ttft_p50_s']} | {p99} | {versus} | "
                          f"{r['output_tokens_per_s']} | {per_replica}"
                          f" | {'' if hit is None else f'{hit:.0%}'} |")
         lines += [""] + [f"- {t}" for t in res["targets"]] + [""]
@@ -426,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                     by_seed[seed] = {"row": row, "unavailable": f"failed to run: {exc}"}
                 print(f"  {by_seed[seed]}", file=sys.stderr, flush=True)
             res["rows"].append(combine_seeds(row, by_seed))
+        compare_to_default(res["rows"])
         res["targets"] = check_targets(name, res["rows"])
         args.out.write_text(json.dumps(results, indent=2))
     text = markdown(results)

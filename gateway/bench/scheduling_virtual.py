@@ -38,16 +38,14 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any
 
 from gateway.balance.ledger import InProcessLedger, Lease
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
-from gateway.bench.report import percentile
+from gateway.bench.report import p99_difference, percentile
 from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICIES,
                                       REPLICAS, TIMING_MODELS, WORKLOADS, Workload,
                                       _row_settings, schedule)
@@ -238,28 +236,6 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "preemptions": sum(m.preemptions for m in meters),
         "ttft_by_request_s": ttft_by_request,
     }
-
-
-def p99_difference(rows: Sequence[Sequence[float | None]],
-                   baselines: Sequence[Sequence[float | None]], rounds: int = 2000,
-                   block: int = 100, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over seeds of (a row's TTFT p99 - the baseline row's), and a 95% interval for
-    it: a paired circular block bootstrap over the requests of each seed's schedule. Each
-    argument holds one list of per-request TTFTs per seed, in schedule order (None for
-    requests the gateway did not place, left out of both)."""
-    rng = np.random.default_rng(seed)
-    observed, draws = [], np.zeros(rounds)
-    for row, base in zip(rows, baselines, strict=True):
-        both = [(a, b) for a, b in zip(row, base, strict=True) if a is not None and b is not None]
-        a, b = np.array(both).T
-        n = len(a)
-        observed.append(np.percentile(a, 99) - np.percentile(b, 99))
-        starts = rng.integers(0, n, size=(rounds, -(-n // block)))
-        picks = ((starts[:, :, None] + np.arange(block)) % n).reshape(rounds, -1)[:, :n]
-        draws += np.percentile(a[picks], 99, axis=1) - np.percentile(b[picks], 99, axis=1)
-    draws /= len(observed)
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return float(np.mean(observed)), float(low), float(high)
 
 
 def _seconds(values: list[float], q: float) -> float | None:
