@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                     by_seed[seed] = run_row(w, row, requests, arrivals, args.router_venv)
                 except (RuntimeError, TimeoutError, OSError) as exc:
                     by_seed[seed] = {"row": row, "unavailable": f"failed to run: {exc}"}
-                print(f"  {by_seed[seed]}", file=sys.stderr, flush=True)
+                shown = {k: v for k, v in by_seed[seed].items() if k != "ttft_by_request_s"}
+                print(f"  {shown}", file=sys.stderr, flush=True)
             res["rows"].append(combine_seeds(row, by_seed))
         compare_to_default(res["rows"])
         res["targets"] = check_targets(name, res["rows"])
