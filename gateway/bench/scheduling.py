@@ -321,11 +321,12 @@ def combine_seeds(row: str, by_seed: dict[int, dict[str, Any]]) -> dict[str, Any
 def compare_to_default(rows: list[dict[str, Any]]) -> None:
     """Give every other row its mean p99 minus the default's with a 95% interval
     (``report.p99_difference``): which differences chance could explain."""
-    ours = next((r for r in rows if r["row"] == DEFAULT and "unavailable" not in r), None)
+    served = [r for r in rows if r.get("ttft_p99_s") is not None]  # ran, and served some
+    ours = next((r for r in served if r["row"] == DEFAULT), None)
     if ours is None:
         return
-    for r in rows:
-        if r is not ours and "unavailable" not in r:
+    for r in served:
+        if r is not ours:
             r["p99_minus_default_s"] = [round(v, 3) for v in p99_difference(
                 [s["ttft_by_request_s"] for s in r["by_seed"].values()],
                 [s["ttft_by_request_s"] for s in ours["by_seed"].values()])]
