@@ -121,10 +121,10 @@ def _write_head(cycle: "HttptoolsCycle", status: int, headers: list[tuple[bytes,
 
 
 class _TransportSink(ClientSink):
-    __slots__ = ("cycle", "send", "transport", "flow", "_waiter")
+    __slots__ = ("send", "transport", "flow", "_waiter")
 
     def __init__(self, cycle: "HttptoolsCycle", send: Send) -> None:
-        self.cycle, self.send = cycle, send
+        self.send = send
         self.transport, self.flow = cycle.transport, cycle.flow
         self._waiter: asyncio.Task[None] | None = None
 
