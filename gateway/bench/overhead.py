@@ -42,7 +42,8 @@ profile so events arrive one per read, as from a real engine
 
 It prints a markdown table and writes every figure plus machine info as JSON. With
 ``--profile-dir`` it then samples the gateway with py-spy (raw format, non-blocking) under a
-non-streaming and a streaming load and summarises where its CPU time goes.
+non-streaming and a streaming load (or the ``--profile-scenarios`` named) and summarises
+where its CPU time goes.
 Every phase is bounded in time; every request has a timeout.
 """
 
@@ -65,7 +66,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from gateway.bench.loadgen import Request, Target, closed_loop
 from gateway.bench.report import distribution_ms
@@ -690,16 +691,21 @@ def summarise_raw(path: Path, top: int = 25) -> dict[str, Any]:
             "top_self_pct": share(self_t, top), "top_total_pct": share(total_t, top)}
 
 
+def default_profiled(paced: bool) -> tuple[str, ...]:
+    """The heaviest loads of the run: per request (non-stream) and per event (streams)."""
+    return ("paced_c256",) if paced else ("rps_c64", "tps_c64")
+
+
 async def profile(ports: dict[str, int], pids: dict[str, int], directory: Path,
-                  seconds: float, paced: bool = False) -> dict[str, Any]:
+                  seconds: float, paced: bool = False,
+                  keys: Sequence[str] = ()) -> dict[str, Any]:
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         return {"error": "py-spy not found (pip install py-spy)"}
     directory.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
-    # The heaviest loads of the run: per request (non-stream) and per event (streams).
     scenarios = PACED_SCENARIOS if paced else SCENARIOS
-    for key in ("paced_c256",) if paced else ("rps_c64", "tps_c64"):
+    for key in keys or default_profiled(paced):
         sc = next(s for s in scenarios if s.key == key)
         raw = directory / f"gateway-{key}.raw"
         svg = directory / f"gateway-{key}.svg"
@@ -770,6 +776,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-dir", type=Path,
                         help="also profile the gateway with py-spy under load; write here")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument("--profile-scenarios", nargs="+", metavar="KEY", default=(),
+                        help="the scenarios to profile (default: rps_c64 tps_c64, or "
+                             "paced_c256 with --paced; ttft_c1 for what a lone request "
+                             "costs)")
     parser.add_argument("--translation", action="store_true",
                         help="compare same-dialect streams with translated ones (TGI clients on "
                              "the vLLM replica) through the gateway, instead of direct vs gateway")
@@ -797,6 +807,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
     if args.sim_args is None:
         args.sim_args = PACED_SIM_ARGS if args.paced else "--profile instant"
+    known = {sc.key for sc in (PACED_SCENARIOS if args.paced else SCENARIOS)}
+    if unknown := set(args.profile_scenarios) - known:
+        parser.error(f"--profile-scenarios: no scenario {', '.join(sorted(unknown))} in this "
+                     f"run (known: {', '.join(sorted(known))})")
     peers: tuple[str, ...] = ()
     if args.peers is not None:
         wanted = args.peers or PEERS
@@ -824,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
         prof = None
         if args.profile_dir:
             prof = asyncio.run(profile(ports, pids, args.profile_dir,
-                                       min(args.profile_seconds, 30.0), args.paced))
+                                       min(args.profile_seconds, 30.0), args.paced,
+                                       args.profile_scenarios))
 
     report = {"command": " ".join([sys.executable, "-m", "gateway.bench.overhead",
                                    *(argv if argv is not None else sys.argv[1:])]),
