@@ -288,14 +288,15 @@ class RelayedStream:
     (first token, tokens for the lease) and written to the sink in the same call. Until the
     first token nothing is written (``first()`` waits for it, so a replica that fails before
     can be retried); between the first token and ``attach`` reads wait in a backlog. One timer
-    per stream enforces the first-token, between-tokens and total timeouts: moving the
-    deadline is a float store, and the timer is re-armed only when it fires early.
+    per stream enforces the first-token, between-tokens and total timeouts: a read only
+    stores when it came (``active_at``); the timer works the deadline out when it fires, and
+    re-arms itself if the stream was active since.
     """
 
     __slots__ = ("relay", "request", "placement", "lease", "meter", "response", "arrival",
                  "reader", "reply", "held", "backlog", "sink", "taps", "first_at", "last_at",
-                 "status", "ended", "timeout", "deadline", "_loop", "_timer", "_first", "_done",
-                 "_paused")
+                 "active_at", "ends_at", "status", "ended", "timeout", "_loop", "_timer",
+                 "_first", "_done", "_paused")
 
     def __init__(self, relay: Relay, request: GenerationRequest, placement: Placement,
                  meter: RequestMetrics, response: UpstreamResponse, arrival: float,
@@ -309,13 +310,14 @@ class RelayedStream:
         self.sink: Sink | None = None
         self.taps: tuple[Tap, ...] = ()  # the shared empty tuple, read per write
         self.first_at: float | None = None
-        self.last_at: float | None = None
+        self.last_at: float | None = None  # the last token (perf_counter, as ``arrival``)
+        self.active_at = time.perf_counter()  # the last read, or the client draining
+        self.ends_at = arrival + relay.timeouts.total
         self.status = 200
         self.ended = False
         self._loop = asyncio.get_running_loop()
-        self.timeout = relay.timeouts.first_token
-        self.deadline = self._loop.time() + self.timeout
-        self._timer = self._loop.call_at(self.deadline, self._on_timer)
+        self.timeout = relay.timeouts.first_token  # between_tokens from the first token on
+        self._timer = self._loop.call_later(self._time_left(self.active_at), self._on_timer)
         self._first: asyncio.Future[bytes] = self._loop.create_future()
         self._done: asyncio.Future[None] | None = None
         self._paused = False
@@ -356,30 +358,13 @@ class RelayedStream:
             return
         out, events = self.reader.feed(data)
         if events:
-            self.last_at = now = time.perf_counter()
-            lease = self.lease
-            first = self.first_at is None
-            if first:
-                self.first_at = now
-                lease.first_token()
-                self.meter.ttft.observe(now - self.arrival)
-            lease.generated(events)
-            timeouts = self.relay.timeouts
-            # Between tokens, but never past the request's total budget.
-            self.timeout = min(timeouts.between_tokens,
-                               max(self.arrival + timeouts.total - now, 0.0))
-            self.deadline = self._loop.time() + self.timeout
-            if first:
-                # The deadline may have moved earlier (from here on it only moves later, and
-                # the timer re-arms itself when it fires early): re-arm.
-                if self.deadline < self._timer.when():
-                    self._timer.cancel()
-                    self._timer = self._loop.call_at(self.deadline, self._on_timer)
-                out, self.held = self.held + out, b""
-                self._first.set_result(out)
+            self.last_at = self.active_at = now = time.perf_counter()
+            self.lease.generated(events)
+            if self.first_at is None:
+                self._first_token(now, out)
                 return
         else:
-            self.deadline = self._loop.time() + self.timeout
+            self.active_at = time.perf_counter()
             if self.first_at is None:
                 self.held += out  # sent with the first token: until then a retry is possible
                 return
@@ -405,6 +390,22 @@ class RelayedStream:
 
     # Inside.
 
+    def _first_token(self, now: float, out: bytes) -> None:
+        self.first_at = now
+        self.lease.first_token()
+        self.meter.ttft.observe(now - self.arrival)
+        # From here on the deadline only moves later (the timer re-arms itself when it fires
+        # early); this once it may move earlier: re-arm.
+        self.timeout = self.relay.timeouts.between_tokens
+        self._timer.cancel()
+        self._timer = self._loop.call_later(self._time_left(now), self._on_timer)
+        out, self.held = self.held + out, b""
+        self._first.set_result(out)
+
+    def _time_left(self, now: float) -> float:
+        """Until the deadline: ``timeout`` after the last activity, within the total."""
+        return max(min(self.active_at + self.timeout, self.ends_at) - now, 0.0)
+
     def _emit(self, out: bytes) -> None:
         sink = self.sink
         if sink is None:
@@ -420,16 +421,16 @@ class RelayedStream:
     def _resume(self) -> None:
         self._paused = False
         if not self.ended:
-            self.deadline = self._loop.time() + self.timeout  # the wait was the client's
+            self.active_at = time.perf_counter()  # the wait was the client's
             self.response.resume_reading()
 
     def _on_timer(self) -> None:
         if self.ended:
             return
-        now = self._loop.time()
-        if now < self.deadline or self._paused:  # moved on, or waiting for the client
-            self._timer = self._loop.call_at(max(self.deadline, now + self.timeout),
-                                             self._on_timer)
+        now = time.perf_counter()
+        left = self.timeout if self._paused else self._time_left(now)  # paused: the client's
+        if left > 0:  # active since it was armed, or waiting for the client
+            self._timer = self._loop.call_later(left, self._on_timer)
             return
         self.response.close()
         self.relay.metrics.upstream_error(self.placement.replica, "stream_timeout")

@@ -175,6 +175,22 @@ def test_stalled_replica_times_out_is_ejected_and_readmitted(tmp_path: Path) -> 
             settled(gw)
 
 
+def test_stream_past_its_total_budget_ends_with_a_timeout_event(tmp_path: Path) -> None:
+    """A replica that keeps streaming, each token well within ``between_tokens``, is cut at
+    the request's ``total`` budget: the client hears the error event, the engine is cut."""
+    steady = ("--profile", "paced", "--ttft-ms", "1", "--itl-ms", "100")  # 60 tokens: 6 s
+    with sim("vllm", MODEL, 4096, *steady) as replica:
+        settings = dict(timeouts={"between_tokens": 0.5, "total": 1.5})
+        with gateway_server(tmp_path, config([{"url": replica, "engine": "vllm"}],
+                                             **settings)) as (gw, _):
+            s = Stream(gw, max_tokens=60).join()
+            assert s.ended_with_error_event, s.events[-2:]
+            assert b"ran past its total 1.5s" in s.events[-2]
+            tokens = len(s.events) - 2  # the error event and [DONE]
+            assert 1 <= tokens <= 16, tokens  # paced at 100 ms: 15 at most by 1.5 s
+            settled(gw)
+
+
 def test_sigterm_drains_in_flight_streams_and_refuses_new_requests(tmp_path: Path) -> None:
     slow = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "30")
     with sim("vllm", MODEL, 4096, *slow) as a, sim("tgi", MODEL, 4096, *slow) as b:

@@ -112,6 +112,10 @@ class Lease:
 
     def generated(self, tokens: int) -> None:
         """``tokens`` more output tokens arrived (never releases more than was reserved)."""
+        if tokens < self.output_tokens and not self.closed:  # per streamed read: the usual case
+            self.ledger._adjust(self.replica, -tokens, 0)
+            self.output_tokens -= tokens
+            return
         done = min(tokens, self.output_tokens)
         if done > 0 and not self.closed:
             self.ledger._adjust(self.replica, -done, 0)
