@@ -112,15 +112,13 @@ class Lease:
 
     def generated(self, tokens: int) -> None:
         """``tokens`` more output tokens arrived (never releases more than was reserved)."""
-        if tokens < self.output_tokens and not self.closed:  # per streamed read: the usual case
-            self.ledger._adjust(self.replica, -tokens, 0)
-            self.output_tokens -= tokens
+        if self.closed:
             return
-        done = min(tokens, self.output_tokens)
-        if done > 0 and not self.closed:
+        done = tokens if tokens < self.output_tokens else self.output_tokens  # per read: no min()
+        if done > 0:
             self.ledger._adjust(self.replica, -done, 0)
             self.output_tokens -= done
-        if not self.output_tokens and self.renew and not self.closed:
+        if not self.output_tokens and self.renew:
             self.unreserved -= tokens - done  # generated past the reservation: out of the ask
             more = min(self.renew, self.unreserved)
             if more > 0:
