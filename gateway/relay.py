@@ -332,9 +332,18 @@ class RelayedStream:
         backlog, self.backlog = self.backlog, []
         for out in backlog:
             self._emit(out)
+        if self.ended:  # it ended before it was attached: its taps hear the end now
+            self._end_taps(self.status != 499)
 
     def tap(self, tap: Tap) -> None:
+        """Have ``tap`` read every byte from the next one written on, and hear the end once
+        it has read them all (a stream may end before it is attached: then at ``attach``)."""
         self.taps += (tap,)
+
+    def _end_taps(self, ok: bool) -> None:
+        taps, self.taps = self.taps, ()
+        for tap in taps:
+            tap.end(ok)
 
     async def wait(self) -> None:
         """Until the stream has ended (completed, failed with an error event, or closed)."""
@@ -348,6 +357,7 @@ class RelayedStream:
         if not self.ended:
             self.response.close()
             self._finish(499)
+        self._end_taps(False)  # never attached: the client got none of it
         if not self._first.done():
             self._first.cancel()
 
@@ -474,8 +484,8 @@ class RelayedStream:
             self.placement.served(reader.usage.completion_tokens)
         if not self.response.ended:
             self.response.close()  # cut: the engine sees the disconnect and aborts
-        for tap in self.taps:
-            tap.end(status != 499)
+        if self.sink is not None:  # else the backlog still holds bytes a tap must read
+            self._end_taps(status != 499)
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 

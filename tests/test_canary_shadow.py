@@ -282,3 +282,34 @@ def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
                 time.sleep(0.05)  # the copy has been placed by now
             assert len(served) == 1, (session, served)
         wait_for(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20)
+
+
+def test_streamed_pairs_are_compared_when_the_primary_ends_at_once(tmp_path) -> None:
+    """A primary stream that arrives whole, in one write (a fast real engine, a short answer),
+    ends before the gateway starts reading it to the client: its pair is still compared.
+    (Before the fix the primary's text reader was attached after the stream had ended and
+    never heard the end: the pair vanished, neither compared nor dropped.)"""
+    from segmented_engine import serving
+
+    config_pools = lambda engine: [  # noqa: E731
+        {"name": "stable", "replicas": [{"url": engine, "name": "stable-1"}]},
+        {"name": "copy", "shadow_of": "stable", "sample": 1.0,
+         "replicas": [{"url": engine, "name": "copy-1"}]}]
+    requests = 20
+    with serving() as engine:
+        config = {"models": [{"name": MODEL, "pools": config_pools(engine)}],
+                  "health": {"interval": 0.5}, "admin_token": TOKEN}
+        with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
+            for i in range(requests):
+                body = {"model": MODEL, "prompt": f"p{i}", "max_tokens": 16, "stream": True,
+                        "temperature": 0, "segmentation": {
+                            "recording": ("vllm-completions-usage" if i % 2
+                                          else "vllm-completions-no-usage"),
+                            "cuts": [], "gaps": []}}
+                answer = client.post(url + "/v1/completions", json=body)
+                assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+            wait_for(lambda: _ended(report(url)["pools"].get("copy", {})) == requests,
+                     timeout=10)
+            pool = report(url)["pools"]["copy"]
+            assert pool["compared"] == requests and pool["agreement"] == 1.0, pool
+            wait_for(lambda: not any(ledger(url).values()), timeout=10)
