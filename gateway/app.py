@@ -37,6 +37,7 @@ from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
 from gateway.canary.guard import CanaryGuard
+from gateway.canary.sample_source import SampleSource
 from gateway.canary.samples import SampleBook
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
@@ -77,10 +78,13 @@ class Gateway:
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
         canary = settings.canary
         self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
-        self.guard = CanaryGuard(self.models, self.samples, self.weights, self.canary_metrics,
-                                 canary.judge, canary.check_every, canary.auto_rollback)
+        self.canary_samples = SampleSource(self.samples)
+        self.guard = CanaryGuard(self.models, self.canary_samples, self.weights,
+                                 self.canary_metrics, canary.judge, canary.check_every,
+                                 canary.auto_rollback)
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
-                                   canary.disagreements_kept)
+                                   canary.disagreements_kept, self.samples,
+                                   canary.judge.agreement.prefix_chars)
         self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
                                self.agreement, canary.max_shadow_in_flight)
         scheduling = settings.scheduling

@@ -196,6 +196,23 @@ class CanaryThresholds(_Strict):
                                      "percentage points")
 
 
+class CanaryAgreementConfig(_Strict):
+    """Output agreement of a shadow pool's greedy pairs, judged (gateway/canary/judge.py):
+    against a floor, or, with ``reference``, as a drop against the agreement of a reference
+    shadow pool (the baseline's own engine: its greedy answers are not bit-stable either)."""
+
+    floor: float = Field(0.9, ge=0, le=1, description="greedy agreement below it: fail when "
+                         "significantly so, else marginal (without a reference)")
+    prefix_floor: float = Field(0.95, ge=0, le=1, description="the same for prefix agreement "
+                                "(the first prefix_chars characters identical)")
+    prefix_chars: int = Field(64, ge=1, description="characters compared for prefix agreement")
+    reference: str | None = Field(None, min_length=1, description="a pool shadowing the same "
+                                  "pool as the canary: judge the canary's drop against its "
+                                  "agreement instead of the floors")
+    max_drop_points: float = Field(5.0, ge=0, le=100, description="with reference: how many "
+                                   "points below the reference's agreement the canary may be")
+
+
 class CanaryJudgeConfig(_Strict):
     """The verdict (gateway/canary/judge.py; Kayenta's scoring)."""
 
@@ -206,9 +223,11 @@ class CanaryJudgeConfig(_Strict):
     window: float = Field(1800.0, gt=0, description="seconds of recent requests judged "
                           "(default 30 min)")
     thresholds: CanaryThresholds = CanaryThresholds()
-    critical: list[Literal["ttft", "itl", "e2e", "tokens_per_s", "error_rate"]] = Field(
-        default_factory=lambda: ["ttft", "error_rate"], description="a failing critical "
-        "metric fails the canary")
+    agreement: CanaryAgreementConfig = CanaryAgreementConfig()
+    critical: list[Literal["ttft", "itl", "e2e", "tokens_per_s", "error_rate", "agreement",
+                           "prefix_agreement"]] = Field(
+        default_factory=lambda: ["ttft", "error_rate", "agreement"], description="a failing "
+        "critical metric fails the canary")
     pass_score: float = Field(75.0, ge=0, le=100)
     marginal_score: float = Field(50.0, ge=0, le=100)
     samples_per_pool: int = Field(5000, ge=10, description="recent requests kept per pool")

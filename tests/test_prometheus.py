@@ -285,6 +285,13 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
                     assert len(got) == len(replicas), (title, got)
                 if title in AGREEMENT_PANELS:  # the shadow engine generates the same text
                     assert got == [1.0], (title, got)
+            # The guard's judged agreement of the shadow pool (greedy TGI pairs): all agree,
+            # against the default floor.
+            judged = {(r["metric"]["metric"], r["metric"]["bound"]): float(r["value"][1])
+                      for r in query(prom, 'llm_gateway_canary_agreement_ratio{canary="shadow"}')}
+            assert judged[("agreement", "estimate")] == 1.0, judged
+            assert judged[("agreement", "required")] == 0.9
+            assert judged[("agreement", "low")] < 1.0 == judged[("agreement", "high")]
 
             # In trouble: the same panels, now with what happened.
             for _ in range(2):

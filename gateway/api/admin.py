@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canary.report import CanaryError, judge_model
+from gateway.canary.judging import CanaryError, judge_records, plan, since
 from gateway.config import Engine
 from gateway.fleet.replica import Replica
 
@@ -144,20 +144,24 @@ async def set_pool_weight(request: Request, model: str, pool: str,
 
 @router.get("/canary/{model}", dependencies=[Depends(_authorized)])
 async def canary_verdict(request: Request, model: str, baseline: str | None = None,
-                         canary: str | None = None,
+                         canary: str | None = None, reference: str | None = None,
                          window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
-    """The canary verdict over the last ``window`` seconds (gateway/canary/judge.py)."""
+    """The canary verdict over the last ``window`` seconds (gateway/canary/judging.py)."""
     gateway = request.app.state.gateway
     served = gateway.models.get(model)
     if served is None:
         raise HTTPException(404, f"no model named {model!r}")
-    try:  # the statistics sort every sample: off the event loop
-        result = await asyncio.to_thread(judge_model, gateway.samples, served,
-                                         gateway.settings.canary.judge, baseline, canary,
-                                         window)
+    config = gateway.settings.canary.judge
+    try:
+        judged = plan(served, config, baseline, canary, reference)
     except CanaryError as exc:
         raise HTTPException(400, str(exc)) from None
-    return {**result, "auto_rollback": gateway.settings.canary.auto_rollback,
+    window = window or config.window
+    records, source = await gateway.canary_samples.read(judged, since(window))
+    # The statistics sort every sample: off the event loop.
+    result = await asyncio.to_thread(judge_records, judged, records, config, window)
+    return {**result, "samples": source,
+            "auto_rollback": gateway.settings.canary.auto_rollback,
             "rollbacks": gateway.guard.rollbacks.get(model, [])}
 
 

@@ -15,6 +15,7 @@ The overall verdict follows Kayenta's judge: a score of 0-100 from the classes (
 marginal 1/2), ``pass`` at ``pass_score`` or above, ``fail`` below ``marginal_score``,
 ``marginal`` between; a critical metric that fails fails the canary whatever the score.
 Fewer than ``min_samples`` requests on either side is ``insufficient data``, never a pass.
+A shadow canary is also judged on its output agreement (gateway/canary/agreement_verdict.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from gateway.canary.samples import Sample
+from gateway.canary.agreement_verdict import AGREEMENT_METRICS, judge_agreement
+from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
 from gateway.config import CanaryJudgeConfig
 
@@ -77,11 +79,18 @@ def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
             "p_value": p, "class": cls}
 
 
-def verdict(baseline: Sequence[Sample], canary: Sequence[Sample],
-            config: CanaryJudgeConfig) -> dict[str, Any]:
-    """Every metric's judgment, the score and the overall verdict."""
+def verdict(baseline: Sequence[Sample], canary: Sequence[Sample], config: CanaryJudgeConfig,
+            pairs: Sequence[PairSample] | None = None,
+            reference_pairs: Sequence[PairSample] | None = None,
+            reference: str | None = None) -> dict[str, Any]:
+    """Every metric's judgment, the score and the overall verdict. ``pairs``: a shadow
+    canary's pairs (agreement judged; None for a weighted canary); ``reference_pairs``: the
+    reference pool's (the drop judged instead of the floors)."""
     metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
     metrics.append(judge_errors(baseline, canary, config))
+    if pairs is not None:
+        metrics += [judge_agreement(name, pairs, config, reference_pairs, reference)
+                    for name in AGREEMENT_METRICS]
     requests = {"baseline": len(baseline), "canary": len(canary)}
     if min(requests.values()) < config.min_samples:
         return {"verdict": "insufficient data", "score": None, "requests": requests,

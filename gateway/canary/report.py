@@ -1,6 +1,6 @@
 """The canary report: the verdict for a model's baseline and canary pools, and its CLI.
 
-  llm-gateway canary report --model M [--baseline POOL --canary POOL]
+  llm-gateway canary report --model M [--baseline POOL --canary POOL --reference POOL]
                             [--gateway URL] [--admin-token T] [--window 30m] [--json]
 
 reads ``GET /admin/canary/{model}`` of a running gateway (its admin token: --admin-token or
@@ -9,8 +9,9 @@ the relative change with its confidence interval, the p-value and the class, the
 and the verdict. Exit code: 0 pass, 1 fail, 2 insufficient data, 3 marginal (a rollout or CI
 job can gate on it).
 
-The baseline is, by default, the heaviest pool that takes primary traffic; the canary, the
-other pool (a shadow pool too: its copies are judged like any request).
+The baseline is, by default, the primary pool the config weighs heaviest; the canary, the
+other pool (a shadow pool too: its copies are judged like any request, and its greedy
+output agreement with the pool it shadows as well).
 """
 
 from __future__ import annotations
@@ -20,55 +21,12 @@ import json
 import os
 import re
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.canary.judge import EXIT_CODES, verdict
-from gateway.canary.samples import SampleBook
-from gateway.config import CanaryJudgeConfig
-from gateway.fleet.model import ServedModel
-
-
-class CanaryError(ValueError):
-    """The model has no such pools (a 404 / 400 at the admin API)."""
-
-
-def choose_pools(model: ServedModel, baseline: str | None,
-                 canary: str | None) -> tuple[str, str]:
-    names = [p.name for p in model.pools]
-    for given in (baseline, canary):
-        if given is not None and given not in names:
-            raise CanaryError(f"model `{model.name}` has no pool `{given}` (its pools: "
-                              f"{', '.join(names)})")
-    if baseline is None:
-        primaries = [p for p in model.pools if p.shadow_of is None and p.name != canary]
-        if not primaries:
-            raise CanaryError(f"model `{model.name}` has no baseline pool besides `{canary}`")
-        baseline = max(primaries, key=lambda p: p.weight).name
-    if canary is None:
-        others = [n for n in names if n != baseline]
-        if not others:
-            raise CanaryError(f"model `{model.name}` has a single pool: nothing to compare")
-        canary = others[0]
-    if canary == baseline:
-        raise CanaryError("the baseline and the canary must be two different pools")
-    return baseline, canary
-
-
-def judge_model(samples: SampleBook, model: ServedModel, config: CanaryJudgeConfig,
-                baseline: str | None = None, canary: str | None = None,
-                window: float | None = None) -> dict[str, Any]:
-    """The verdict over the last ``window`` seconds (both pools, the same period)."""
-    baseline, canary = choose_pools(model, baseline, canary)
-    window = window or config.window
-    since = time.time() - window
-    result = verdict(samples.window(model.name, baseline, since),
-                     samples.window(model.name, canary, since), config)
-    return {"model": model.name, "baseline": baseline, "canary": canary,
-            "window_s": window, **result, "exit_code": EXIT_CODES[result["verdict"]]}
+from gateway.canary.agreement_verdict import AGREEMENT_METRICS
 
 
 # --- the CLI ---------------------------------------------------------------------------------
@@ -91,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the gateway's base URL (default http://127.0.0.1:8080)")
     report.add_argument("--admin-token", default=os.environ.get("LLM_GATEWAY_ADMIN_TOKEN"),
                         help="the gateway's admin_token (default $LLM_GATEWAY_ADMIN_TOKEN)")
+    report.add_argument("--reference", help="agreement reference pool: a shadow of the same "
+                        "pool as the canary (default: canary.judge.agreement.reference)")
     report.add_argument("--window", type=parse_window, help="recent period judged, e.g. 30m "
                         "(default: the gateway's canary.judge.window)")
     report.add_argument("--json", action="store_true", help="print the JSON judgment")
@@ -98,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def fetch(args: argparse.Namespace) -> dict[str, Any]:
     query = {k: v for k, v in (("baseline", args.baseline), ("canary", args.canary),
-                               ("window", args.window)) if v is not None}
+                               ("reference", args.reference), ("window", args.window))
+             if v is not None}
     url = (f"{args.gateway.rstrip('/')}/admin/canary/{urllib.parse.quote(args.model)}"
            + (f"?{urllib.parse.urlencode(query)}" if query else ""))
     headers = {"authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
@@ -116,27 +77,57 @@ def text(result: dict[str, Any]) -> str:
     lines = [f"canary report: model {result['model']}, baseline `{result['baseline']}` vs "
              f"canary `{result['canary']}`, last {result['window_s']:g} s; requests "
              f"{result['requests']['baseline']} / {result['requests']['canary']}", "",
-             f"{'metric':14s} {'baseline':>12s} {'canary':>12s} {'change':>9s} "
+             f"{'metric':18s} {'baseline':>12s} {'canary':>12s} {'change':>9s} "
              f"{'95% interval':>18s} {'p':>8s}  class"]
     for m in result["metrics"]:
         name = m["metric"] + (" *" if m["critical"] else "")
         if m["class"] == "insufficient data":
-            lines.append(f"{name:14s} {m['baseline_n']:>12d} {m['canary_n']:>12d} "
-                         f"{'':>9s} {'':>18s} {'':>8s}  insufficient data (samples)")
+            what = "pairs" if m["metric"] in AGREEMENT_METRICS else "samples"
+            base = "floor" if m["baseline_n"] is None else str(m["baseline_n"])
+            lines.append(f"{name:18s} {base:>12s} {m['canary_n']:>12d} "
+                         f"{'':>9s} {'':>18s} {'':>8s}  insufficient data ({what})")
+        elif m["metric"] in AGREEMENT_METRICS:
+            lines.append(_agreement_row(name, m))
         elif m["metric"] == "error_rate":
-            lines.append(f"{name:14s} {m['baseline_rate']:>11.2%} {m['canary_rate']:>11.2%} "
+            lines.append(f"{name:18s} {m['baseline_rate']:>11.2%} {m['canary_rate']:>11.2%} "
                          f"{m['change_points']:>+8.2f}p {'':>18s} {m['p_value']:>8.3g}  "
                          f"{m['class']}")
         else:
             low, high = m["change_ci"]
-            lines.append(f"{name:14s} {_figure(m['baseline_median'], m['metric']):>12s} "
+            lines.append(f"{name:18s} {_figure(m['baseline_median'], m['metric']):>12s} "
                          f"{_figure(m['canary_median'], m['metric']):>12s} "
                          f"{m['change']:>+8.1%} {f'[{low:+.1%}, {high:+.1%}]':>18s} "
                          f"{m['p_value']:>8.3g}  {m['class']}")
     score = "n/a" if result["score"] is None else f"{result['score']:g}"
-    lines += ["", "* critical: failing it fails the canary", "",
+    lines += ["", "* critical: failing it fails the canary"]
+    lines += _agreement_notes(result)
+    lines += ["",
               f"verdict: {result['verdict'].upper()} (score {score})"]
     return "\n".join(lines)
+
+
+def _agreement_row(name: str, m: dict[str, Any]) -> str:
+    """Baseline column: the floor, or the reference pool's agreement; change in points."""
+    low, high = m["change_ci"]
+    base = (f"floor {m['baseline_rate']:.1%}" if m["reference"] is None
+            else f"{m['baseline_rate']:.1%}")
+    return (f"{name:18s} {base:>12s} {m['canary_rate']:>11.1%} "
+            f"{m['change_points']:>+8.1f}p {f'[{low:+.1f}p, {high:+.1f}p]':>18s} "
+            f"{m['p_value']:>8.3g}  {m['class']}")
+
+
+def _agreement_notes(result: dict[str, Any]) -> list[str]:
+    pairs = next((m["pairs"] for m in result["metrics"] if m["metric"] == "agreement"), None)
+    if pairs is None:
+        return []
+    against = (f"reference `{result['agreement_reference']}`"
+               if result.get("agreement_reference") else "the floors")
+    lines = [f"agreement: greedy pairs of `{result['canary']}` against {against}; "
+             f"{pairs['greedy_compared']} compared, {pairs['not_greedy']} not greedy "
+             f"(not judged), {pairs['dropped']} dropped"]
+    if result.get("agreement_note"):
+        lines.append(f"agreement: {result['agreement_note']}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,10 @@
 - ``two_proportions``: do two error rates differ? The pooled two-proportion z-test.
 - ``median_change``: the relative change of the median, canary against baseline, with a
   confidence interval from the medians' distribution-free (order-statistic) intervals.
+- ``wilson``: a proportion's interval (output agreement), right near 0 and 1 where the
+  normal approximation is not; ``proportion_difference``: Newcombe's interval of the
+  difference of two proportions, from their Wilson intervals; ``score_test``: is a
+  proportion different from a given one (the test the Wilson interval inverts)?
 """
 
 from __future__ import annotations
@@ -83,3 +87,40 @@ def median_change(baseline: Sequence[float], canary: Sequence[float],
     z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
     ratio, se = can - base, math.sqrt(se_base ** 2 + se_can ** 2)
     return math.exp(ratio) - 1, math.exp(ratio - z * se) - 1, math.exp(ratio + z * se) - 1
+
+
+def _z(confidence: float) -> float:
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of ``successes / n`` ((0, 1) when n is 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    z, p = _z(confidence), successes / n
+    scale = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / scale
+    half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def proportion_difference(successes_a: int, n_a: int, successes_b: int, n_b: int,
+                          confidence: float = 0.95) -> tuple[float, float, float]:
+    """(p_b - p_a, low, high): Newcombe's hybrid score interval (his method 10)."""
+    p_a, p_b = successes_a / n_a, successes_b / n_b
+    low_a, high_a = wilson(successes_a, n_a, confidence)
+    low_b, high_b = wilson(successes_b, n_b, confidence)
+    d = p_b - p_a
+    return (d, d - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2),
+            d + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2))
+
+
+def score_test(successes: int, n: int, expected: float) -> float:
+    """Two-sided p-value that the proportion is ``expected`` (score test: p < alpha exactly
+    when ``expected`` lies outside the Wilson interval at 1 - alpha)."""
+    if n <= 0:
+        return 1.0
+    p = successes / n
+    if expected <= 0.0 or expected >= 1.0:
+        return 1.0 if p == expected else 0.0
+    return _normal_two_sided((p - expected) / math.sqrt(expected * (1 - expected) / n))

@@ -21,6 +21,13 @@ class Pool:
     replicas: list[Replica]
     shadow_of: str | None = None  # canary: gets copies of this pool's requests, no traffic
     sample: float = 0.0  # with shadow_of: the share of requests copied
+    # The weight the config gave it (``weight`` changes at run time, e.g. during a rollout):
+    # the canary verdict's default baseline is the pool configured heaviest.
+    configured_weight: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.configured_weight is None:
+            self.configured_weight = self.weight
 
 
 @dataclass(eq=False)
