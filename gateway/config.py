@@ -231,6 +231,8 @@ class CanaryJudgeConfig(_Strict):
     pass_score: float = Field(75.0, ge=0, le=100)
     marginal_score: float = Field(50.0, ge=0, le=100)
     samples_per_pool: int = Field(5000, ge=10, description="recent requests kept per pool")
+    fleet_samples_per_pool: int = Field(20000, ge=10, description="with redis_url: recent "
+                                        "requests of the whole fleet kept per pool in Redis")
 
 
 class CanaryConfig(_Strict):
@@ -246,6 +248,9 @@ class CanaryConfig(_Strict):
                                     "for GET /admin/canary/{model}/disagreements")
     weights_sync_interval: float = Field(1.0, gt=0, description="with redis_url: seconds "
                                          "between reads of the shared pool weights")
+    samples_sync_interval: float = Field(1.0, gt=0, le=60, description="with redis_url: "
+                                         "seconds between sends of this instance's request "
+                                         "samples to the fleet's store")
     judge: CanaryJudgeConfig = CanaryJudgeConfig()
     auto_rollback: bool = Field(False, description="a failing canary's weight is set to 0 "
                                 "(logged, counted, shown in /admin); never a promotion")

@@ -76,7 +76,8 @@ def _figure(value: float | None, metric: str) -> str:
 def text(result: dict[str, Any]) -> str:
     lines = [f"canary report: model {result['model']}, baseline `{result['baseline']}` vs "
              f"canary `{result['canary']}`, last {result['window_s']:g} s; requests "
-             f"{result['requests']['baseline']} / {result['requests']['canary']}", "",
+             f"{result['requests']['baseline']} / {result['requests']['canary']}",
+             *_samples_line(result), "",
              f"{'metric':18s} {'baseline':>12s} {'canary':>12s} {'change':>9s} "
              f"{'95% interval':>18s} {'p':>8s}  class"]
     for m in result["metrics"]:
@@ -104,6 +105,13 @@ def text(result: dict[str, Any]) -> str:
     lines += ["",
               f"verdict: {result['verdict'].upper()} (score {score})"]
     return "\n".join(lines)
+
+
+def _samples_line(result: dict[str, Any]) -> list[str]:
+    source = result.get("samples")
+    if not source:
+        return []
+    return [f"samples: {source['note']}"]
 
 
 def _agreement_row(name: str, m: dict[str, Any]) -> str:
