@@ -96,8 +96,14 @@ class CanaryGuard:
                     self._agreement(labels, m)
             pool = self.weights.pool(model, canary)
             if (self.auto_rollback and result["verdict"] == "fail" and pool.shadow_of is None
-                    and pool.weight > 0):
+                    and pool.weight > 0 and self._others_serve(model, canary)):
                 self.roll_back(model, baseline, canary, result)
+
+    def _others_serve(self, model: str, canary: str) -> bool:
+        """Another primary pool takes traffic: a promoted canary (the baseline at weight 0)
+        is never set to 0 too, which would leave the model no pool to serve it."""
+        return any(p.weight > 0 and p.shadow_of is None and p.name != canary
+                   for p in self.models[model].pools)
 
     def _agreement(self, labels: tuple[str, str, str], m: dict[str, Any]) -> None:
         """The judged agreement, its interval and the least it may be (NaN: no pairs yet)."""

@@ -39,16 +39,20 @@ def parse_window(text: str) -> float:
     return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="canary_command", metavar="ACTION", required=True)
-    report = sub.add_parser("report", help="the verdict: is the canary pool worse?")
-    report.add_argument("--model", required=True)
-    report.add_argument("--baseline", help="baseline pool (default: the heaviest primary pool)")
-    report.add_argument("--canary", help="canary pool (default: the other pool)")
-    report.add_argument("--gateway", default="http://127.0.0.1:8080",
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the gateway's admin API is, and its token."""
+    parser.add_argument("--gateway", default="http://127.0.0.1:8080",
                         help="the gateway's base URL (default http://127.0.0.1:8080)")
-    report.add_argument("--admin-token", default=os.environ.get("LLM_GATEWAY_ADMIN_TOKEN"),
+    parser.add_argument("--admin-token", default=os.environ.get("LLM_GATEWAY_ADMIN_TOKEN"),
                         help="the gateway's admin_token (default $LLM_GATEWAY_ADMIN_TOKEN)")
+
+
+def add_arguments(report: argparse.ArgumentParser) -> None:
+    report.add_argument("--model", required=True)
+    report.add_argument("--baseline", help="baseline pool (default: the primary pool the "
+                        "config weighs heaviest)")
+    report.add_argument("--canary", help="canary pool (default: the other pool)")
+    add_gateway_arguments(report)
     report.add_argument("--reference", help="agreement reference pool: a shadow of the same "
                         "pool as the canary (default: canary.judge.agreement.reference)")
     report.add_argument("--window", type=parse_window, help="recent period judged, e.g. 30m "
