@@ -254,6 +254,10 @@ class CanaryConfig(_Strict):
     judge: CanaryJudgeConfig = CanaryJudgeConfig()
     auto_rollback: bool = Field(False, description="a failing canary's weight is set to 0 "
                                 "(logged, counted, shown in /admin); never a promotion")
+    gate_token: str | None = Field(None, min_length=16, description="a read-only bearer "
+                                   "token for the verdict alone (GET /admin/canary/{model}, "
+                                   "the Flagger gate; also accepted as the webhook's "
+                                   "metadata.token): pipelines need not hold admin_token")
     check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts "
                                "(exported as llm_gateway_canary_verdict; rollbacks only with "
                                "auto_rollback)")
