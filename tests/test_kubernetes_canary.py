@@ -22,6 +22,7 @@ import jsonschema
 import pytest
 import yaml
 
+from canary_support import weighted_pools
 from support import ROOT, gateway_server, sim
 
 CANARY_DIR = ROOT / "deploy" / "kubernetes" / "canary"
@@ -112,9 +113,7 @@ def gateway(tmp_path_factory) -> Iterator[str]:
     paced = ("--profile", "paced", "--ttft-ms", "50", "--itl-ms", "25")
     with sim("vllm", MODEL, 4096, *paced) as stable, sim("vllm", MODEL, 4096, *paced) as like, \
             sim("vllm", MODEL, 4096, *paced, "--slowdown", "1.3") as slow:
-        pools = [{"name": name, "weight": weight, "replicas": [{"url": url, "name": name}]}
-                 for name, weight, url in (("stable", 50, stable), ("canary", 25, like),
-                                           ("slow", 25, slow))]
+        pools = weighted_pools(("stable", 50, stable), ("canary", 25, like), ("slow", 25, slow))
         config = {"models": [{"name": MODEL, "pools": pools}], "health": {"interval": 0.5},
                   "admin_token": ADMIN,
                   "canary": {"gate_token": GATE, "judge": {"min_samples": 30}}}

@@ -37,22 +37,21 @@ def _base(name: str, config: CanaryJudgeConfig, canary_n: int,
             "reference": reference}
 
 
-def judge_agreement(name: str, pairs: Sequence[PairSample], config: CanaryJudgeConfig,
-                    reference_pairs: Sequence[PairSample] | None = None,
+def judge_agreement(name: str, counts: dict[str, int], config: CanaryJudgeConfig,
+                    ref_counts: dict[str, int] | None = None,
                     reference: str | None = None) -> dict[str, Any]:
-    """One agreement metric of a shadow pool's pairs (``reference_pairs``: the reference
-    pool's, for the drop; None: the floor)."""
+    """One agreement metric of a shadow pool's pair counts (``pair_counts``; ``ref_counts``:
+    the reference pool's, for the drop; None: the floor)."""
     field = AGREEMENT_METRICS[name]
     settings = config.agreement
     confidence = 1 - config.significance
-    counts = pair_counts(pairs)
     n, agreed = counts["greedy_compared"], counts[field]
-    out = _base(name, config, n, reference if reference_pairs is not None else None)
+    out = _base(name, config, n, reference if ref_counts is not None else None)
     out["pairs"] = counts
     low, high = wilson(agreed, n, confidence)
     if n:  # shown (and on the board) even while too few to judge
         out.update(canary_rate=agreed / n, canary_ci=[low, high])
-    if reference_pairs is None:
+    if ref_counts is None:
         floor = settings.floor if name == "agreement" else settings.prefix_floor
         out.update(baseline_n=None, threshold=floor, baseline_rate=floor)
         if n < config.min_samples:
@@ -63,7 +62,6 @@ def judge_agreement(name: str, pairs: Sequence[PairSample], config: CanaryJudgeC
         return {**out, "change_points": 100 * (rate - floor),
                 "change_ci": [100 * (low - floor), 100 * (high - floor)], "p_value": p,
                 "class": cls}
-    ref_counts = pair_counts(reference_pairs)
     n_ref, agreed_ref = ref_counts["greedy_compared"], ref_counts[field]
     out.update(baseline_n=n_ref, threshold=settings.max_drop_points, reference_pairs=ref_counts)
     if n_ref:

@@ -2,9 +2,14 @@
 
   llm-gateway canary report --model M [--baseline POOL --canary POOL --reference POOL]
                             [--gateway URL] [--admin-token T] [--window 30m] [--json]
+  llm-gateway canary report --prometheus URL --model M --baseline POOL --canary POOL
+                            [--config gateway.yaml] [--window 30m] [--json]
 
 reads ``GET /admin/canary/{model}`` of a running gateway (its admin token: --admin-token or
-$LLM_GATEWAY_ADMIN_TOKEN) and prints each metric side by side: baseline and canary medians,
+$LLM_GATEWAY_ADMIN_TOKEN), or, with --prometheus, judges from the gateways' histograms and
+counters in Prometheus alone (bucket-level statistics: what that gives up is in
+gateway/canary/prometheus_report.py and each metric's resolution), and prints each metric
+side by side: baseline and canary medians,
 the relative change with its confidence interval, the p-value and the class, then the score
 and the verdict. Exit code: 0 pass, 1 fail, 2 insufficient data, 3 marginal (a rollout or CI
 job can gate on it).
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -58,6 +64,11 @@ def add_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("--window", type=parse_window, help="recent period judged, e.g. 30m "
                         "(default: the gateway's canary.judge.window)")
     report.add_argument("--json", action="store_true", help="print the JSON judgment")
+    report.add_argument("--prometheus", metavar="URL", help="judge from Prometheus alone "
+                        "(the gateways' histograms and counters; needs --baseline and "
+                        "--canary); no gateway is asked")
+    report.add_argument("--config", metavar="FILE", help="with --prometheus: the gateway's "
+                        "config file, for its canary.judge settings (default: the defaults)")
 
 
 def fetch(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,9 +117,24 @@ def text(result: dict[str, Any]) -> str:
     score = "n/a" if result["score"] is None else f"{result['score']:g}"
     lines += ["", "* critical: failing it fails the canary"]
     lines += _agreement_notes(result)
+    lines += _resolution_notes(result)
     lines += ["",
               f"verdict: {result['verdict'].upper()} (score {score})"]
     return "\n".join(lines)
+
+
+def _resolution_notes(result: dict[str, Any]) -> list[str]:
+    """With --prometheus: how far the buckets let each change be known."""
+    lines = []
+    for m in result["metrics"]:
+        if "resolution" in m:
+            low, high = m["resolution"]
+            (a0, a1), (b0, b1) = m["median_buckets"]["baseline"], m["median_buckets"]["canary"]
+            show = lambda v: _figure(v, m["metric"]) if math.isfinite(v) else "+Inf"  # noqa: E731
+            lines.append(f"resolution {m['metric']}: medians in buckets ({show(a0)}, "
+                         f"{show(a1)}] / ({show(b0)}, {show(b1)}]: the change lies in "
+                         f"[{low:+.0%}, {high:+.0%}] whatever happens inside them")
+    return lines
 
 
 def _samples_line(result: dict[str, Any]) -> list[str]:
@@ -142,7 +168,31 @@ def _agreement_notes(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def from_prometheus(args: argparse.Namespace) -> dict[str, Any]:
+    from gateway.canary.prometheus_report import Prometheus, judge_from_prometheus
+    from gateway.config import CanaryJudgeConfig, load_settings
+
+    config = load_settings(args.config).canary.judge if args.config else CanaryJudgeConfig()
+    return judge_from_prometheus(Prometheus(args.prometheus), args.model, args.baseline,
+                                 args.canary, args.window or config.window, config,
+                                 args.reference)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        from gateway.canary.prometheus_report import PrometheusError
+
+        if not (args.baseline and args.canary):
+            print("llm-gateway canary report: --prometheus needs --baseline and --canary (the "
+                  "pools' weights are the gateway's, which is not asked)", file=sys.stderr)
+            return 4
+        try:
+            result = from_prometheus(args)
+        except PrometheusError as exc:
+            print(f"llm-gateway canary report: {exc}", file=sys.stderr)
+            return 4
+        print(json.dumps(result, indent=2) if args.json else text(result))
+        return int(result["exit_code"])
     try:
         result = fetch(args)
     except urllib.error.HTTPError as exc:
