@@ -170,3 +170,42 @@ def test_a_canary_the_guard_rolls_back_is_never_raised_again(tmp_path) -> None:
         verdict = httpx.get(f"{url}/admin/canary/{MODEL}", headers=AUTH).json()
         assert verdict["rollbacks"] and verdict["rollbacks"][0]["pool"] == "canary"
         assert state(prefix)["state"] == "rolled_back"
+
+
+def _model(stable: float, canary: float) -> "ServedModel":
+    from gateway.fleet.model import Pool, ServedModel
+    from gateway.fleet.replica import Replica
+
+    pools = [Pool(name, weight, [Replica(f"{name}-1", "http://x", "vllm", MODEL, name)])
+             for name, weight in (("stable", stable), ("canary", canary))]
+    return ServedModel(MODEL, pools, None, 4096, 16)
+
+
+def test_run_time_weights_do_not_swap_the_default_baseline() -> None:
+    from gateway.canary.judging import choose_pools
+
+    model = _model(95, 5)
+    for pool, weight in (("stable", 25), ("canary", 75)):  # the rollout at 75%
+        next(p for p in model.pools if p.name == pool).weight = weight
+    assert choose_pools(model, None, None) == ("stable", "canary")
+
+
+def test_the_guard_never_zeroes_a_promoted_canary_that_serves_alone() -> None:
+    from gateway.canary.guard import CanaryGuard
+    from gateway.canary.samples import SampleBook
+    from gateway.canary.sample_source import SampleSource
+    from gateway.canary.weights import PoolWeights
+    from gateway.config import CanaryJudgeConfig
+    from gateway.metrics import CanaryMetrics
+
+    failing = {"verdict": "fail", "score": 0.0, "metrics": [
+        {"metric": "ttft", "class": "fail", "critical": True}]}
+    for stable, rolled_back in ((25, True), (0, False)):
+        model = _model(100, 0)
+        weights = PoolWeights({MODEL: model})
+        weights.set_weight(MODEL, "stable", stable)
+        weights.set_weight(MODEL, "canary", 100 - stable)
+        guard = CanaryGuard({MODEL: model}, SampleSource(SampleBook()), weights,
+                            CanaryMetrics(None), CanaryJudgeConfig(), 60, auto_rollback=True)
+        guard.apply([(MODEL, "stable", "canary", failing)])
+        assert (weights.pool(MODEL, "canary").weight == 0) == rolled_back
