@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import subprocess
 import sys
 import time
@@ -106,8 +107,9 @@ def test_prometheus_alone_gives_the_sample_based_verdict(observed, canary: str,
     assert from_prom["verdict"] == from_samples["verdict"] == verdict
     assert code_p == code_s == (0 if verdict == "pass" else 1)
     assert classes(from_prom)["error_rate"] == "pass"
-    if verdict == "fail":
-        assert classes(from_prom)["ttft"] == classes(from_samples)["ttft"] == "fail"
+    if verdict == "fail":  # buckets may blur TTFT's +30% to marginal, never to a pass
+        assert classes(from_samples)["ttft"] == "fail"
+        assert classes(from_prom)["ttft"] in ("fail", "marginal")
     assert from_prom["samples"]["scope"] == "prometheus"
     for metric in from_prom["metrics"]:
         if metric["metric"] in ("ttft", "itl", "e2e", "tokens_per_s"):
@@ -122,7 +124,9 @@ def test_prometheus_alone_gives_the_sample_based_verdict(observed, canary: str,
 def test_the_table_states_the_resolution_and_bad_input_is_clear(observed) -> None:
     _, prom = observed
     code, table = report("--canary", "slow", "--prometheus", prom)
-    assert code == 1 and "resolution ttft: medians in buckets (25.0 ms, 50.0 ms]" in table, table
+    assert code == 1 and re.search(r"^resolution ttft: medians in buckets \(\d+\.0 ms, \d+\.0 ms\] / "
+                                   r"\(\d+\.0 ms, \d+\.0 ms\]: the change lies in \[[-+]\d+%, "
+                                   r"[-+]\d+%\]", table, re.M), table
     assert "samples: Prometheus alone: bucket counts" in table
     code, out = report("--prometheus", prom)  # no canary
     assert code == 4 and "--baseline and --canary" in out

@@ -21,6 +21,8 @@ import pytest
 import redis
 
 from gateway.canary.rollout import parse_steps
+from gateway.fleet.model import Pool, ServedModel
+from gateway.fleet.replica import Replica
 from gateway.shared.keys import SharedKeys
 from redis_support import SHARED_URL, shared_prefix
 from support import ROOT, gateway_server, sim
@@ -172,10 +174,7 @@ def test_a_canary_the_guard_rolls_back_is_never_raised_again(tmp_path) -> None:
         assert state(prefix)["state"] == "rolled_back"
 
 
-def _model(stable: float, canary: float) -> "ServedModel":
-    from gateway.fleet.model import Pool, ServedModel
-    from gateway.fleet.replica import Replica
-
+def _model(stable: float, canary: float) -> ServedModel:
     pools = [Pool(name, weight, [Replica(f"{name}-1", "http://x", "vllm", MODEL, name)])
              for name, weight in (("stable", stable), ("canary", canary))]
     return ServedModel(MODEL, pools, None, 4096, 16)
