@@ -12,7 +12,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from engines import Engine, vllm
+from engines import vllm
 from support import gateway_server
 
 TOKEN = "real-canary"
@@ -21,28 +21,16 @@ N = 40
 
 
 @pytest.fixture(scope="module")
-def fp32(tiny_model: Path) -> Iterator[Engine]:
-    with vllm(tiny_model) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def bf16(tiny_model: Path) -> Iterator[Engine]:
-    with vllm(tiny_model, dtype="bfloat16") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def gateway(fp32: Engine, bf16: Engine, tiny_model: Path,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "pools": [
-        {"name": "stable", "replicas": [{"url": fp32.url, "name": "fp32"}]},
-        {"name": "bf16", "shadow_of": "stable", "sample": 1.0,
-         "replicas": [{"url": bf16.url, "name": "bf16"}]}]}],
-        "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": TOKEN,
-        "canary": {"judge": {"min_samples": 20}}}
-    with gateway_server(tmp_path_factory.mktemp("real-canary"), config) as (url, _):
-        yield url
+def gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with vllm(tiny_model) as fp32, vllm(tiny_model, dtype="bfloat16") as bf16:
+        config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "pools": [
+            {"name": "stable", "replicas": [{"url": fp32.url, "name": "fp32"}]},
+            {"name": "bf16", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": bf16.url, "name": "bf16"}]}]}],
+            "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": TOKEN,
+            "canary": {"judge": {"min_samples": 20}}}
+        with gateway_server(tmp_path_factory.mktemp("real-canary"), config) as (url, _):
+            yield url
 
 
 def send(gateway: str, i: int) -> None:
