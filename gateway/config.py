@@ -80,6 +80,10 @@ class ModelConfig(_Strict):
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
     default_output_tokens: int = Field(256, ge=1)
+    # A prompt that fits the window but asks for more output than is left: `reject` answers
+    # 400 context_length_exceeded (OpenAI's rule); `cap` serves it with max_tokens lowered
+    # to what the window holds (what vLLM does by itself since 0.x). Needs `tokenizer`.
+    output_past_window: Literal["reject", "cap"] = "reject"
     pools: list[PoolConfig] | None = None
     replicas: list[ReplicaConfig] | None = None
 

@@ -37,6 +37,7 @@ class ServedModel:
     tokenizer: ModelTokenizer | None
     max_model_len: int | None  # from config; overrides what replicas report
     default_output_tokens: int
+    cap_output: bool = False  # output_past_window: cap (else reject)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -63,7 +64,7 @@ def build_model(config: ModelConfig) -> ServedModel:
                           pool_config.sample))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
-                       config.default_output_tokens)
+                       config.default_output_tokens, config.output_past_window == "cap")
 
 
 def build_models(settings: Settings) -> dict[str, ServedModel]:
