@@ -25,29 +25,34 @@ from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import make_policy
 from gateway.canary.agreement import Agreement
+from gateway.canary.fleet_samples import FleetSamples
+from gateway.canary.guard import CanaryGuard
+from gateway.canary.sample_source import SampleSource
+from gateway.canary.samples import SampleBook
 from gateway.canary.shadow import Shadows
 from gateway.canary.split import PoolSplit
 from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
+from gateway.dataplane import listeners
+from gateway.dataplane.admission import Admitter
+from gateway.dataplane.attempts import Attempts
+from gateway.dataplane.outcome import Outcomes
+from gateway.dataplane.placement import Placer
+from gateway.dataplane.relay import Relay
+from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
 from gateway.fleet.engine_signals import SignalScraper
 from gateway.fleet.health import HealthChecker
+from gateway.fleet.membership import Fleet
+from gateway.fleet.model import build_models
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
-from gateway.fleet.model import build_models
-from gateway.canary.guard import CanaryGuard
-from gateway.canary.fleet_samples import FleetSamples
-from gateway.canary.sample_source import SampleSource
-from gateway.canary.samples import SampleBook
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
-from gateway.relay import Relay
-from gateway.retry_budget import RetryBudget
-from gateway.router import Router
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync
 from gateway.upstream import UpstreamPool
 
@@ -57,25 +62,26 @@ CONFIG_ENV = "LLM_GATEWAY_CONFIG"  # config file path handed to uvicorn worker p
 
 
 class Gateway:
-    """Everything one gateway process holds: fleet, ledger, policy, router, relay, metrics."""
+    """Everything one gateway process holds, wired: fleet, ledger, admission, placement, the
+    retry loop and relay, the listeners of their outcomes, canaries, keys, metrics."""
 
     def __init__(self, settings: Settings, ledger: LoadLedger | None = None) -> None:
         self.settings = settings
-        self.models = build_models(settings)
-        self.replicas = [r for m in self.models.values() for r in m.replicas]
+        self.fleet = Fleet(build_models(settings))
+        self.models, self.replicas = self.fleet.models, self.fleet.replicas
         # redis_url: balance on the fleet-wide load, synced in the background (gateway/shared).
         self.shared = (SharedStateSync.from_settings(settings, self.replicas)
                        if settings.redis_url and ledger is None else None)
         self.ledger = ledger or (self.shared.ledger if self.shared else InProcessLedger())
-        self.router = Router(self.models, settings.default_model,
-                             make_policy(settings.balancer, settings.scheduling),
-                             self.ledger, settings.backpressure,
-                             split=PoolSplit(settings.canary.allow_pool_header),
-                             outputs=(OutputEstimate()
-                                      if settings.scheduling.learn_output_lengths else None))
+        split = PoolSplit(settings.canary.allow_pool_header)
+        scheduling = settings.scheduling
+        outputs = OutputEstimate() if scheduling.learn_output_lengths else None
+        self.admitter = Admitter(self.models, settings.default_model, split)
+        self.placer = Placer(make_policy(settings.balancer, scheduling), self.ledger,
+                             settings.backpressure, split=split, outputs=outputs)
         self.metrics = make_metrics(settings.metrics)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
-        self.canary_metrics = CanaryMetrics(getattr(self.metrics, "registry", None))
+        self.canary_metrics = CanaryMetrics(self.metrics.registry)
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
         canary = settings.canary
         self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
@@ -93,9 +99,8 @@ class Gateway:
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
                                    canary.disagreements_kept, self.samples,
                                    canary.judge.agreement.prefix_chars)
-        self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
-                               self.agreement, canary.max_shadow_in_flight)
-        scheduling = settings.scheduling
+        self.shadows = Shadows(self.admitter, self.placer, lambda: self.relay,
+                               self.canary_metrics, self.agreement, canary.max_shadow_in_flight)
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
         self.metrics.start_at_zero(self.models)
@@ -103,6 +108,13 @@ class Gateway:
         self.access = AccessControl.from_settings(settings)
         self.metrics.keys_at_zero([k.name for k in self.access.keys.all()], self.models)
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
+        self.fleet.on_leave += [self.outlier.forget,
+                                lambda replica: self.placer.policy.forget(replica.name)]
+        # Who hears how each attempt went (gateway.dataplane.outcome).
+        self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
+                                  listeners.OutlierRecord(self.outlier),
+                                  listeners.CanarySamples(self.samples),
+                                  listeners.OutputLengths()])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
         self.draining = False
@@ -120,15 +132,17 @@ class Gateway:
         # replica need no keep-alive.
         self.probe_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
-        self.relay = Relay(self.upstream, self.settings.timeouts, self.metrics, self.outlier,
-                           self.samples)
+        self.relay = Relay(self.upstream, self.settings.timeouts, self.outcomes)
+        self.attempts = Attempts(self.placer, self.relay, self.retry_budget,
+                                 self.settings.retries.max_attempts, self.metrics, self.shadows)
         self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
+        self.fleet.probe = self._probe_new
         await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
         # `dns:` replica entries: one replica per resolved address, kept up to date.
-        self.dns = DnsDiscovery.from_settings(self.settings, self,
+        self.dns = DnsDiscovery.from_settings(self.settings, self.fleet,
                                               lambda name: self.ledger.own_load(name).in_flight)
         if self.dns is not None:
             await self.dns.refresh()
@@ -158,42 +172,9 @@ class Gateway:
                      replica.engine, replica.pool, replica.model, replica.max_model_len,
                      "healthy" if replica.healthy else "UNHEALTHY")
 
-    async def add_replica(self, model: str, pool: str, url: str, engine: str,
-                          name: str | None = None, max_model_len: int | None = None) -> Replica:
-        """Put a new replica into rotation (admin API): probed and discovered first."""
-        served = self.models[model]
-        target = next((p for p in served.pools if p.name == pool), None)
-        if target is None:
-            raise KeyError(f"model {model!r} has no pool {pool!r}")
-        replica = Replica(name=name or url.split("://", 1)[-1].rstrip("/"), url=url,
-                          engine=engine, model=model, pool=pool, max_model_len=max_model_len)
-        if any(r.name == replica.name for r in self.replicas):
-            raise ValueError(f"replica {replica.name!r} exists already")
+    async def _probe_new(self, replica: Replica) -> bool:
         await discover_window(self.probe_session, replica, self.settings.health.timeout)
-        replica.healthy = await self.health.check(replica)
-        target.replicas.append(replica)
-        self.replicas.append(replica)
-        return replica
-
-    def remove_replica(self, name: str) -> Replica:
-        """Take a replica out of rotation; its in-flight requests finish where they are."""
-        replica = self.replica(name)
-        replica.draining = True
-        for pool in self.models[replica.model].pools:
-            if replica in pool.replicas:
-                pool.replicas.remove(replica)
-        self.replicas.remove(replica)
-        self.outlier.forget(replica)
-        forget = getattr(self.router.policy, "forget", None)  # affinity policies
-        if forget is not None:
-            forget(replica.name)
-        return replica
-
-    def replica(self, name: str) -> Replica:
-        for replica in self.replicas:
-            if replica.name == name:
-                return replica
-        raise KeyError(name)
+        return await self.health.check(replica)
 
     async def drain(self, timeout: float) -> int:
         """Refuse new requests and wait (up to ``timeout``) for in-flight ones to finish;

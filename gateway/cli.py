@@ -12,7 +12,7 @@ import sys
 
 SUBCOMMANDS = {
     "serve": ("gateway.serve", "run the gateway from a config file"),
-    "demo": ("gateway.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
+    "demo": ("gateway.sim.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
     "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
     "keys": ("gateway.access.cli", "make API key secrets and their sha256 for `auth.keys`"),

@@ -18,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                YamlConfigSettingsSource)
 
-Engine = Literal["vllm", "tgi", "sglang", "llamacpp", "openai"]
+from gateway.balance import POLICIES
+from gateway.fleet.replica import ENGINES
+
+Engine = Literal[ENGINES]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):
@@ -397,7 +400,6 @@ class Settings(BaseSettings):
             raise ValueError(f"model names must be unique, got {names}")
         if self.default_model is not None and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not one of {names}")
-        from gateway.balance.policy import POLICIES
         if self.balancer not in POLICIES:
             raise ValueError(f"balancer {self.balancer!r} is not one of {sorted(POLICIES)}")
         for key in self.auth.keys if self.auth else ():

@@ -383,60 +383,33 @@ class _Null:
 _NULL = _Null()
 
 
-class NullMetrics(GatewayMetrics):
-    """Metrics off (``metrics: false``): the same calls, doing nothing; /metrics is empty."""
+class NullMetrics:
+    """Metrics off (``metrics: false``): every call of ``GatewayMetrics`` does nothing, and
+    /metrics is empty; no registry, so nothing else registers metrics either."""
+
+    registry = None
+    multiprocess = False
 
     def __init__(self) -> None:
-        self.multiprocess = False
         self._null = RequestMetrics(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
                                     {c: _NULL for c in STATUS_CLASSES})
 
     def for_replica(self, replica: Replica, api: Api, role: str = "primary") -> RequestMetrics:
         return self._null
 
-    def reject(self, model: str, api: Api, reason: str) -> None:
-        pass
-
-    def upstream_error(self, replica: Replica, kind: str) -> None:
-        pass
-
-    def retry(self, replica: Replica, kind: str) -> None:
-        pass
-
-    def queued(self, model: str, api: Api, seconds: float) -> None:
-        pass
-
-    def start_at_zero(self, models: Iterable[str]) -> None:
-        pass
-
-    def key_done(self, key: str, model: str, usage: Usage | None) -> None:
-        pass
-
-    def key_rejected(self, key: str, model: str, reason: str) -> None:
-        pass
-
-    def key_queued(self, key: str, model: str, seconds: float) -> None:
-        pass
-
-    def keys_at_zero(self, keys: Iterable[str], models: Iterable[str]) -> None:
-        pass
-
-    def watch_replicas(self, replicas: Callable[[], Iterable[Replica]], ledger: LoadLedger,
-                       signals_max_age: float = math.inf) -> None:
-        pass
-
-    def publish_replica_gauges(self) -> None:
-        pass
-
     def exposition(self) -> bytes:
         return b""
 
-    def close(self) -> None:
-        pass
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return _nothing
+
+
+def _nothing(*args: object, **kwargs: object) -> None:
+    pass
 
 
 def make_metrics(enabled: bool = True) -> GatewayMetrics:
-    return GatewayMetrics() if enabled else NullMetrics()
+    return GatewayMetrics() if enabled else NullMetrics()  # type: ignore[return-value]
 
 
 class _ReplicaGaugeCollector(Collector):

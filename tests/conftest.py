@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model_dir import write_model_dir
+from gateway.sim.model_dir import write_model_dir
 from gateway.tokens import ModelTokenizer
 
 

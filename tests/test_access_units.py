@@ -144,7 +144,7 @@ def test_redis_down_fails_open_or_closed_with_one_log_line_per_transition(
 
     from gateway.access.errors import LimitsUnavailable
     from gateway.access.redis_limits import RedisLimiter
-    from gateway.shared.keys import SharedKeys
+    from gateway.shared.redis_keys import SharedKeys
     from gateway.shared.sync import connect
     from support import free_port
 

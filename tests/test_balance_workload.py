@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance.policy import POLICIES, RequestCost
+from gateway.balance import POLICIES
+from gateway.balance.policy import RequestCost, policy_class
 from gateway.fleet.replica import Replica
 
 REPLICAS = [Replica(name=f"gpu{i}", url=f"http://127.0.0.1:{9000 + i}", engine="vllm", model="m",
@@ -29,7 +30,7 @@ def workload(seed: int, n: int = 400) -> list[RequestCost]:
 def burst(policy_name: str, seed: int) -> tuple[list[int], list[int]]:
     """Tokens and requests each replica holds after the burst (nothing has completed)."""
     ledger = InProcessLedger()
-    policy = POLICIES[policy_name](random.Random(seed))
+    policy = policy_class(policy_name)(random.Random(seed))
     leases = [ledger.lease(policy.select(REPLICAS, cost, ledger).name, cost.prompt_tokens,
                            cost.output_tokens) for cost in workload(seed)]
     loads = [ledger.load(r.name) for r in REPLICAS]

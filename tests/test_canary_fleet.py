@@ -17,7 +17,7 @@ import redis
 
 from gateway.canary.fleet_samples import decode_pairs, decode_samples, encode
 from gateway.canary.samples import PairSample, Sample
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, private_redis, shared_prefix
 from support import gateway_server, sim
 

@@ -23,7 +23,7 @@ import redis
 from gateway.canary.rollout import parse_steps
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, shared_prefix
 from support import ROOT, gateway_server, sim
 

@@ -23,7 +23,7 @@ from gateway.fleet.model import Pool
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.request import Caller, GenerationRequest
-from gateway.router import Router
+from routing import Routing
 from redis_support import SHARED_URL, shared_prefix
 from support import gateway_server, sim
 
@@ -84,9 +84,9 @@ async def test_sticky_key_waits_for_its_full_pool_instead_of_leaving_it() -> Non
     pools = _pools(50, 50)
     for r in (r for p in pools for r in p.replicas):
         r.max_model_len = 4096
-    router = Router({MODEL: ServedModel(MODEL, pools, None, 4096, 16)}, None,
-                    make_policy("least_outstanding_tokens"), InProcessLedger(),
-                    BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=5))
+    router = Routing({MODEL: ServedModel(MODEL, pools, None, 4096, 16)},
+                     make_policy("least_outstanding_tokens"), InProcessLedger(),
+                     BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=5))
     model, admission = router.admit(parse_completion(
         b'{"model": "sim-model", "prompt": "hi", "max_tokens": 8}'))
     key = next(k for k in KEYS if rendezvous(pools, k).name == "stable")
@@ -306,7 +306,7 @@ async def test_weight_set_while_redis_is_away_is_published_when_it_is_back() -> 
 
     from gateway.canary.weights import PoolWeights
     from gateway.fleet.model import ServedModel
-    from gateway.shared.keys import SharedKeys
+    from gateway.shared.redis_keys import SharedKeys
     from gateway.shared.sync import connect
     from support import free_port
 

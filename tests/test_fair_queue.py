@@ -16,7 +16,7 @@ from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Overloaded, QueueFull
 from gateway.protocol.openai import parse_completion
 from gateway.protocol.request import Caller
-from gateway.router import Router
+from routing import Routing
 
 
 async def served_order(queue: FairQueue, arrivals: list[tuple[str | None, float, int]]) -> list:
@@ -83,15 +83,15 @@ async def test_a_key_arriving_late_banks_no_credit() -> None:
 
 # --- through the router ---------------------------------------------------------------------
 
-def router(**backpressure: object) -> tuple[Router, ServedModel]:
+def router(**backpressure: object) -> tuple[Routing, ServedModel]:
     replica = Replica("r0", "http://r0", "vllm", "m", "default", max_model_len=4096)
     model = ServedModel("m", [Pool("default", 100, [replica])], None, 4096, 16)
-    return Router({"m": model}, None, make_policy("least_outstanding_tokens"),
+    return Routing({"m": model}, make_policy("least_outstanding_tokens"),
                   InProcessLedger(),
                   BackpressureConfig(max_in_flight_per_replica=1, **backpressure)), model
 
 
-def admission(r: Router, max_tokens: int = 16):  # type: ignore[no-untyped-def]
+def admission(r: Routing, max_tokens: int = 16):  # type: ignore[no-untyped-def]
     _, adm = r.admit(parse_completion(
         b'{"model": "m", "prompt": "hi", "max_tokens": %d}' % max_tokens))
     return adm
@@ -175,9 +175,9 @@ async def test_a_free_slot_no_waiter_can_use_is_taken_at_once() -> None:
                                          max_model_len=4096)]),
              Pool("canary", 50, [Replica("c", "http://c", "vllm", "m", "canary",
                                          max_model_len=4096)])]
-    r = Router({"m": ServedModel("m", pools, None, 4096, 16)}, None,
-               make_policy("least_outstanding_tokens"), InProcessLedger(),
-               BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=10))
+    r = Routing({"m": ServedModel("m", pools, None, 4096, 16)},
+                make_policy("least_outstanding_tokens"), InProcessLedger(),
+                BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=10))
     adm = admission(r)
     key = next(f"k{i}" for i in range(100) if rendezvous(pools, f"k{i}").name == "stable")
     busy = await r.place(model=r.models["m"], admission=adm, key=key)

@@ -12,7 +12,7 @@ from gateway.config import BackpressureConfig
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.openai import parse_completion
-from gateway.router import Router
+from routing import Routing
 
 
 def test_a_band_expects_the_whole_ask_until_it_has_seen_enough() -> None:
@@ -68,7 +68,7 @@ def test_the_router_reserves_the_expectation_and_learns_from_completions() -> No
     replica = Replica("r0", "http://r0", "vllm", "m", "default", max_model_len=8192)
     model = ServedModel("m", [Pool("default", 100, [replica])], None, 8192, 16)
     ledger = InProcessLedger()
-    router = Router({"m": model}, None, make_policy("least_outstanding_tokens"), ledger,
+    router = Routing({"m": model}, make_policy("least_outstanding_tokens"), ledger,
                     BackpressureConfig(), outputs=OutputEstimate())
     request = parse_completion(b'{"model": "m", "prompt": "hi", "max_tokens": 4000}')
 

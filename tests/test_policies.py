@@ -6,7 +6,8 @@ import random
 import pytest
 
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance.policy import POLICIES, RequestCost, make_policy
+from gateway.balance import POLICIES
+from gateway.balance.policy import RequestCost, make_policy, policy_class
 from gateway.fleet.replica import Replica
 
 
@@ -33,7 +34,7 @@ def test_least_outstanding_tokens_picks_least_owed_replica_not_fewest_requests()
 def test_ties_are_broken_at_random_not_by_list_order(name: str) -> None:
     ledger = InProcessLedger()
     rs = replicas(4)
-    policy = POLICIES[name](random.Random(7))
+    policy = policy_class(name)(random.Random(7))
     picks = collections.Counter(policy.select(rs, COST, ledger).name for _ in range(400))
     assert set(picks) == {"r0", "r1", "r2", "r3"}
     assert min(picks.values()) > 50

@@ -9,7 +9,7 @@ from gateway.balance.prefix_index import (BLOCK_BYTES, MAX_PROMPT_BLOCKS, Prefix
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol import openai
-from gateway.window import admit
+from gateway.dataplane.admission import admit
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: four full blocks
 

@@ -24,7 +24,7 @@ from gateway.config import ConfigError, load_settings
 from gateway.fleet.replica import Replica
 from gateway.fleet.shared_replica_state import SharedReplicaState
 from gateway.metrics import SharedStateMetrics
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync, connect, redacted
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
 

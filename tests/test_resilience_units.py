@@ -14,8 +14,8 @@ from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api, NoReplicaAvailable, Overloaded
 from gateway.protocol.request import GenerationRequest
-from gateway.retry_budget import RetryBudget
-from gateway.router import Router
+from gateway.dataplane.retry_budget import RetryBudget
+from routing import Routing
 
 
 class Clock:
@@ -87,8 +87,8 @@ def _model(rs: list[Replica]) -> ServedModel:
     return ServedModel("m", [Pool("default", 100, rs)], None, 4096, 16)
 
 
-def _router(rs: list[Replica], **backpressure) -> Router:
-    return Router({"m": _model(rs)}, None, make_policy("least_outstanding_tokens"),
+def _router(rs: list[Replica], **backpressure) -> Routing:
+    return Routing({"m": _model(rs)}, make_policy("least_outstanding_tokens"),
                   InProcessLedger(), BackpressureConfig(**backpressure))
 
 

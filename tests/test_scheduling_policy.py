@@ -9,7 +9,8 @@ import pytest
 
 from gateway.balance import least_expected_work
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance.policy import POLICIES, RequestCost, make_policy
+from gateway.balance import POLICIES
+from gateway.balance.policy import RequestCost, make_policy, policy_class
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.config import SchedulingConfig, load_settings
 from gateway.fleet.engine_signals import EngineSignals
@@ -47,8 +48,8 @@ def test_with_prefix_signals_and_sessions_off_it_is_least_outstanding_tokens() -
     rng = random.Random(5)
     rs = replicas()
     ours, lot = policy(prefix_weight=0, signals_weight=0, session_tokens=0,
-                       request_tokens=0), POLICIES[
-        "least_outstanding_tokens"](random.Random(3))
+                       request_tokens=0), policy_class(
+        "least_outstanding_tokens")(random.Random(3))
     ours.rng = random.Random(9)
     lot.rng = random.Random(9)
     ledger_a, ledger_b = InProcessLedger(), InProcessLedger()

@@ -12,6 +12,7 @@ from gateway.protocol.openai import parse_chat, parse_completion
 from gateway.protocol.tgi import parse_generate
 from gateway.protocol.translate import parse_version, plan, refusal, servable
 from gateway.protocol.translate import openai_to_tgi
+from gateway.protocol.translate.passthrough import PassThrough
 from gateway.protocol.translate.tgi_request import (OPENAI_ENGINES, TGI_TO_OPENAI, CannotHonour,
                                                     openai_body, parse_parameters)
 from gateway.protocol.translate.tgi_response import TgiStream, tgi_body
@@ -93,7 +94,7 @@ def test_every_table_gap_is_a_422_naming_the_parameter(engine: str, name: str) -
         assert error.tgi_body()["error_type"] == "validation"
     else:
         assert error is None
-        assert plan(request, engine, None, "m", None, 4096) is not None  # it maps
+        assert not isinstance(plan(request, engine, None, "m", None, 4096), PassThrough)  # it maps
 
 
 def test_refusals_that_depend_on_more_than_the_engine() -> None:
@@ -304,7 +305,7 @@ def test_completion_neutral_values_and_native_routes_pass() -> None:
     assert refusal(completion({"n": 2}), "tgi", None, False) is None  # unknown: the newest
     chat = parse_chat(b'{"model":"m","messages":[{"role":"user","content":"x"}]}')
     assert isinstance(refusal(chat, "tgi", "1.3.4", False), ApiNotServed)
-    assert plan(chat, "tgi", "1.4.3", "m", None, None) is None  # Messages API, untranslated
+    assert isinstance(plan(chat, "tgi", "1.4.3", "m", None, None), PassThrough)  # Messages API
     assert parse_version("2.0.5-dev0") == (2, 0, 5) and parse_version("sha-abc") is None
 
 

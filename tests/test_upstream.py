@@ -449,3 +449,21 @@ def test_under_a_uvicorn_whose_cycle_differs_answers_take_uvicorns_own_start(
     state = {name: None for name in client_sink._CYCLE_STATE if name != "default_headers"}
     assert not client_sink._can_start(SimpleNamespace(**state), 200)  # type: ignore[arg-type]
     assert client_sink._cycle_known is False
+
+
+def test_uvicorn_is_a_release_the_sink_was_checked_against() -> None:
+    """The sink writes a response's start through uvicorn's private cycle state, as checked
+    against CHECKED_UVICORN; pyproject pins uvicorn to that range. A uvicorn outside it
+    (a pin moved without checking) fails here, and the sink keeps uvicorn's own start."""
+    import tomllib
+
+    import uvicorn
+
+    from gateway.api import client_sink
+    from support import ROOT
+
+    low, high = client_sink.CHECKED_UVICORN
+    pin = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+               ["dependencies"] if d.startswith("uvicorn"))
+    assert pin.endswith(f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"), pin
+    assert client_sink.uvicorn_checked(), f"uvicorn {uvicorn.__version__} was not checked"

@@ -10,7 +10,7 @@ from gateway.protocol.errors import Api, ContextLengthExceeded
 from gateway.protocol.openai import parse_chat, parse_completion
 from gateway.protocol.tgi import parse_generate
 from gateway.tokens import ModelTokenizer
-from gateway.window import admit
+from gateway.dataplane.admission import admit
 
 import orjson
 

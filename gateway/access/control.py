@@ -23,7 +23,7 @@ from gateway.access.redis_store import RedisKeyStore
 from gateway.access.store import KeyConflict, KeyStore, LocalStore
 from gateway.config import AuthConfig, KeyLimits, Settings
 from gateway.metrics import AccessMetrics, GatewayMetrics
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from gateway.balance.redis_ledger import instance_id
 from gateway.protocol.request import GenerationRequest
 from gateway.shared.sync import connect
@@ -107,7 +107,7 @@ class AccessControl:
     async def start(self, metrics: GatewayMetrics) -> None:
         """Read the shared keys once (bounded), then keep them fresh in the background."""
         if isinstance(self.limiter, RedisLimiter):
-            registry = getattr(metrics, "registry", None)  # absent when metrics are off
+            registry = metrics.registry  # None when metrics are off
             if registry is not None:
                 self.limiter.metrics = AccessMetrics(registry)
         if isinstance(self.store, RedisKeyStore):

@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError
 from gateway.access.errors import LimitsUnavailable
 from gateway.access.keys import ApiKey
 from gateway.access.limits import LocalLimiter, Outcome
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from gateway.access.keys import ApiKey, KeyRing
 from gateway.access.store import KeyConflict, StoreUnavailable, dump_key, load_key
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger(__name__)
 

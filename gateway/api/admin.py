@@ -93,7 +93,7 @@ def _signals(replica: Replica) -> dict[str, Any] | None:
 
 def _replica(request: Request, name: str) -> Replica:
     try:
-        return request.app.state.gateway.replica(name)
+        return request.app.state.gateway.fleet.replica(name)
     except KeyError:
         raise HTTPException(404, f"no replica named {name!r}") from None
 
@@ -111,7 +111,7 @@ async def add_replica(request: Request, new: NewReplica) -> dict[str, Any]:
         raise HTTPException(404, f"no model named {new.model!r}")
     pool = new.pool or gateway.models[new.model].pools[0].name
     try:
-        replica = await gateway.add_replica(new.model, pool, new.url, new.engine, new.name,
+        replica = await gateway.fleet.add_replica(new.model, pool, new.url, new.engine, new.name,
                                             new.max_model_len)
     except KeyError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
@@ -124,7 +124,7 @@ async def add_replica(request: Request, new: NewReplica) -> dict[str, Any]:
 async def remove_replica(request: Request, name: str) -> dict[str, Any]:
     gateway = request.app.state.gateway
     _replica(request, name)
-    return _describe(gateway, gateway.remove_replica(name))
+    return _describe(gateway, gateway.fleet.remove_replica(name))
 
 
 @router.post("/replicas/{name}/drain", dependencies=[Depends(_authorized)])
@@ -270,4 +270,4 @@ async def runtime(request: Request) -> dict[str, Any]:
     return {"pid": os.getpid(), "asyncio_tasks": len(asyncio.all_tasks()),
             "open_fds": open_fds, "active_requests": gateway.active_requests,
             "draining": gateway.draining, "shadow_in_flight": gateway.shadows.in_flight,
-            "queued": {name: gateway.router.queued(name) for name in gateway.models}}
+            "queued": {name: gateway.placer.queued(name) for name in gateway.models}}

@@ -18,7 +18,7 @@ import asyncio
 from typing import Callable, Protocol
 
 from gateway.api.client_connection import HttptoolsCycle, httptools_cycle
-from gateway.relay import Sink
+from gateway.dataplane.reply import Sink
 
 try:
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE
@@ -68,11 +68,22 @@ async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]]
     await send({"type": "http.response.body", "body": body})
 
 
-# The state of uvicorn's cycle that ``_write_head`` reads or sets (uvicorn 0.29 to 0.54).
+# ``_write_head`` reads and sets uvicorn's private request-cycle state, as its own start
+# does. It was checked against these uvicorn releases (from, up to but not including), and
+# pyproject.toml pins uvicorn to them; any other uvicorn keeps its own start (and a test
+# fails, so the next release is checked before the pin moves).
+CHECKED_UVICORN = ((0, 29), (0, 55))
 _CYCLE_STATE = ("response_started", "disconnected", "access_log", "flow", "scope",
                 "default_headers", "keep_alive", "transport", "waiting_for_100_continue",
                 "chunked_encoding", "expected_content_length")
 _cycle_known: bool | None = None  # whether this uvicorn's cycle has it all (checked once)
+
+
+def uvicorn_checked() -> bool:
+    """The running uvicorn is one ``_write_head`` was checked against."""
+    from uvicorn import __version__
+    release = tuple(int(part) for part in __version__.split(".")[:2])
+    return CHECKED_UVICORN[0] <= release < CHECKED_UVICORN[1]
 
 
 def _can_start(cycle: "HttptoolsCycle", status: int) -> bool:
@@ -81,7 +92,7 @@ def _can_start(cycle: "HttptoolsCycle", status: int) -> bool:
     is every answer under a uvicorn whose cycle is not the one ``_write_head`` knows."""
     global _cycle_known
     if _cycle_known is None:
-        _cycle_known = all(hasattr(cycle, name) for name in _CYCLE_STATE)
+        _cycle_known = uvicorn_checked() and all(hasattr(cycle, name) for name in _CYCLE_STATE)
     return (_cycle_known and status in STATUS_LINE and not cycle.response_started
             and not cycle.disconnected and not cycle.access_log
             and not cycle.flow.write_paused and cycle.scope["method"] != "HEAD")

@@ -11,22 +11,35 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
-from gateway.canary import shadow
-from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER, sticky_key
-from gateway.fleet.replica import Replica
+from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
-from gateway.relay import Reply
 
 if TYPE_CHECKING:
+    from gateway.access.control import AccessControl
     from gateway.access.keys import ApiKey
-    from gateway.app import Gateway
-    from gateway.fleet.model import ServedModel
-    from gateway.window import Admission
+    from gateway.config import Settings
+    from gateway.dataplane.admission import Admitter
+    from gateway.dataplane.attempts import Attempts
+    from gateway.dataplane.reply import Reply
+    from gateway.metrics import GatewayMetrics
+
+
+class Serving(Protocol):
+    """What the endpoints need of the gateway (``gateway.app.Gateway``)."""
+
+    settings: "Settings"
+    admitter: "Admitter"
+    access: "AccessControl"
+    attempts: "Attempts"
+    metrics: "GatewayMetrics"
+    draining: bool
+    active_requests: int
+
 
 Scope = dict
 Receive = Callable
@@ -85,7 +98,7 @@ async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
 class GenerationEndpoint:
     """One generation route: ``parse`` turns the body into a GenerationRequest."""
 
-    def __init__(self, gateway: "Gateway", api: Api,
+    def __init__(self, gateway: Serving, api: Api,
                  parse: Callable[[bytes], GenerationRequest]) -> None:
         self.gateway = gateway
         self.api = api
@@ -110,7 +123,7 @@ class GenerationEndpoint:
                 body = await read_body(receive, gateway.settings.client_body_timeout)
                 request = self.parse(body)
                 request.session, request.pool = session, pool
-                model, admission = gateway.router.admit(request)
+                model, admission = gateway.admitter.admit(request)
                 # The key's allowlist and limits; the grant is settled below, however it ends.
                 grant = await gateway.access.admit(key, request, model.name,
                                                    admission.cost.prompt_tokens,
@@ -120,12 +133,12 @@ class GenerationEndpoint:
                 return
             except asyncio.CancelledError:
                 return  # the client left before sending its whole body
-            reply: Reply | None = None
+            reply: "Reply | None" = None
             try:
                 async with cancel_on_disconnect(receive):
                     try:
-                        reply = await self._forward(request, model, admission, arrival,
-                                                    request_id)
+                        reply = await gateway.attempts.serve(request, model, admission,
+                                                             arrival, request_id)
                     except GatewayError as error:
                         if error.reason in _GATEWAY_REASONS:
                             gateway.metrics.reject(model.name, self.api, error.reason)
@@ -156,40 +169,6 @@ class GenerationEndpoint:
         finally:
             gateway.active_requests -= 1
 
-    async def _forward(self, request: GenerationRequest, model: "ServedModel",
-                       admission: "Admission", arrival: float, request_id: str) -> Reply:
-        """Place and send; on a failure before anything reached the client, try another
-        replica while attempts and the retry budget allow."""
-        gateway = self.gateway
-        gateway.retry_budget.request()
-        tried: list[Replica] = []
-        key = sticky_key(request)
-        while True:
-            placement = await gateway.router.place(model, admission, exclude=tried, key=key,
-                                                   caller=request.caller)
-            if placement.queued_for:
-                gateway.metrics.queued(model.name, self.api, placement.queued_for)
-                if request.caller is not None:
-                    gateway.metrics.key_queued(request.caller.name, model.name,
-                                               placement.queued_for)
-            try:
-                reply = await gateway.relay.forward(request, placement, arrival, request_id)
-            except GatewayError as error:
-                tried.append(placement.replica)
-                if (error.retry_kind is None
-                        or len(tried) >= gateway.settings.retries.max_attempts
-                        or not any(r.available and r not in tried for r in admission.replicas)
-                        or not gateway.retry_budget.try_spend()):
-                    raise
-                gateway.metrics.retry(placement.replica, error.retry_kind)
-                continue
-            if model.name in gateway.shadows.models:  # canary: copy it, now that it answers
-                primary_text = gateway.shadows.start(request, model, placement.replica.pool,
-                                                     request_id)
-                if primary_text is not None:
-                    reply = shadow.primary_reply(primary_text, reply)
-            return reply
-
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
                       request_id: str, key: "ApiKey | None" = None) -> None:
         model_label = self._model_label(request.model if request else None)
@@ -203,10 +182,10 @@ class GenerationEndpoint:
 
     def _model_label(self, name: str | None) -> str:
         """Only configured names become label values (client input never does)."""
-        models = self.gateway.router.models
+        models = self.gateway.admitter.models
         if name in models:
             return name  # type: ignore[return-value]
-        default = self.gateway.router.default_model
+        default = self.gateway.admitter.default_model
         return default if default is not None and (name is None or self.api is Api.TGI) else "unknown"
 
 

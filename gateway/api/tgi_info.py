@@ -16,7 +16,7 @@ router = APIRouter()
 async def info(request: Request) -> JSONResponse:
     gateway = request.app.state.gateway
     try:
-        model = gateway.router.model_for(None, Api.TGI)
+        model = gateway.admitter.model_for(None, Api.TGI)
     except GatewayError as error:
         return JSONResponse(error.tgi_body(), status_code=error.tgi_status())
     window = model_window(model)

@@ -48,7 +48,7 @@ from collections import OrderedDict
 from typing import Callable, Sequence
 
 from gateway.balance.ledger import LoadLedger
-from gateway.balance.policy import RequestCost, pick_lowest
+from gateway.balance.policy import Policy, RequestCost, pick_lowest
 from gateway.balance.prefix_index import TOKENS_PER_BLOCK, PrefixIndex
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
@@ -57,7 +57,7 @@ from gateway.fleet.replica import Replica
 MAX_SESSIONS = 65536  # sessions remembered (LRU); beyond it the oldest lose their preference
 
 
-class LeastExpectedWork:
+class LeastExpectedWork(Policy):
     takes_scheduling = True
 
     def __init__(self, rng: random.Random | None = None,

@@ -10,11 +10,11 @@ import random
 from typing import Sequence
 
 from gateway.balance.ledger import LoadLedger
-from gateway.balance.policy import RequestCost, pick_lowest
+from gateway.balance.policy import Policy, RequestCost, pick_lowest
 from gateway.fleet.replica import Replica
 
 
-class LeastOutstandingTokens:
+class LeastOutstandingTokens(Policy):
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
 

@@ -1,21 +1,20 @@
 """The routing-policy interface and the factory that maps config names to policies.
 
 A policy picks one replica among candidates that already fit the request (right API,
-context window, healthy). Adding a policy is one new file and one line in ``POLICIES``.
+context window, healthy). Adding a policy is one new file and one line in
+``gateway.balance.POLICIES``.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
+from gateway.balance import POLICIES
 from gateway.balance.ledger import LoadLedger
 from gateway.fleet.replica import Replica
-
-if TYPE_CHECKING:
-    from gateway.config import SchedulingConfig
 
 T = TypeVar("T")
 
@@ -32,12 +31,19 @@ class RequestCost:
     session: str | None = None  # the client's session (x-session-id header or OpenAI `user`)
 
 
-class Policy(Protocol):
-    """Picks a replica. A policy that remembers replicas (affinity) may also define
-    ``forget(replica_name)``, called when a replica leaves the fleet."""
+class Policy:
+    """Picks a replica (``select``). A policy that remembers replicas (affinity) forgets one
+    that leaves the fleet (``forget``); one with weights says so (``takes_scheduling``: it is
+    given the config's ``scheduling`` section)."""
+
+    takes_scheduling = False
 
     def select(self, replicas: Sequence[Replica], cost: RequestCost,
-               ledger: LoadLedger) -> Replica: ...
+               ledger: LoadLedger) -> Replica:
+        raise NotImplementedError
+
+    def forget(self, replica: str) -> None:
+        """The replica left the fleet."""
 
 
 def pick_lowest(items: Sequence[T], key: Callable[[T], float], rng: random.Random) -> T:
@@ -48,31 +54,15 @@ def pick_lowest(items: Sequence[T], key: Callable[[T], float], rng: random.Rando
     return best[0] if len(best) == 1 else rng.choice(best)
 
 
-@functools.cache
-def _registry() -> dict[str, Callable[[], Policy]]:
-    from gateway.balance.least_expected_work import LeastExpectedWork
-    from gateway.balance.least_outstanding_tokens import LeastOutstandingTokens
-    from gateway.balance.least_requests import LeastRequests
-    from gateway.balance.round_robin import RoundRobin
-    return {
-        "least_expected_work": LeastExpectedWork,
-        "least_outstanding_tokens": LeastOutstandingTokens,
-        "least_requests": LeastRequests,
-        "round_robin": RoundRobin,
-    }
+def policy_class(name: str) -> type[Policy]:
+    module, _, cls = POLICIES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-def __getattr__(name: str) -> object:
-    # POLICIES is built on first use, so a policy module can be imported first (it imports
-    # this module, whose registry imports it back).
-    if name == "POLICIES":
-        return _registry()
-    raise AttributeError(name)
-
-
-def make_policy(name: str, scheduling: "SchedulingConfig | None" = None) -> Policy:
-    """The named policy; the ones that have weights (``takes_scheduling``) get ``scheduling``."""
-    factory = _registry()[name]
-    if getattr(factory, "takes_scheduling", False):
-        return factory(scheduling=scheduling)  # type: ignore[call-arg]
+def make_policy(name: str, scheduling: Any = None) -> Policy:
+    """The named policy; the ones that have weights (``takes_scheduling``) get ``scheduling``
+    (a ``gateway.config.SchedulingConfig``)."""
+    factory = policy_class(name)
+    if factory.takes_scheduling:
+        return factory(scheduling=scheduling)
     return factory()

@@ -34,7 +34,7 @@ import socket
 from redis.asyncio import Redis
 
 from gateway.balance.ledger import LoadLedger, ReplicaLoad
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 # Own changes at least this big (or a request placed or ended) are announced to peers at once.
 ANNOUNCE_TOKENS = 64

@@ -6,11 +6,11 @@ import itertools
 from typing import Sequence
 
 from gateway.balance.ledger import LoadLedger
-from gateway.balance.policy import RequestCost
+from gateway.balance.policy import Policy, RequestCost
 from gateway.fleet.replica import Replica
 
 
-class RoundRobin:
+class RoundRobin(Policy):
     def __init__(self) -> None:
         self._turn = itertools.count()
 

@@ -35,7 +35,7 @@ from gateway.bench.loadgen import Request, Target, closed_loop
 from gateway.bench.overhead import (GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, cpu_seconds,
                                     free_port, pin_client, start, stop, wait_ready)
 from gateway.config import KeyLimits
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import connect
 
 REDIS = "redis://127.0.0.1:6379/0"

@@ -55,7 +55,7 @@ from gateway.fleet.replica import Replica
 from gateway.sim.engine import BatchScheduler, Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
-from gateway.window import ESTIMATED_BYTES_PER_TOKEN
+from gateway.dataplane.admission import ESTIMATED_BYTES_PER_TOKEN
 
 
 @dataclass

@@ -60,7 +60,7 @@ def gateways(urls: list[str], count: int, tmp: Path, redis_url: str | None = Non
              prefix: str = "", tokenizer: bool = True,
              sync_interval: float = 0.1) -> Iterator[list[Instance]]:
     """``count`` gateway processes with one config (shared state when ``redis_url``)."""
-    from gateway.model_dir import builtin_model_dir
+    from gateway.sim.model_dir import builtin_model_dir
     model: dict[str, Any] = {"name": MODEL, "max_model_len": 8192,
                              "replicas": [{"url": u, "engine": "vllm", "name": f"gpu{i}"}
                                           for i, u in enumerate(urls)]}

@@ -76,7 +76,7 @@ def heterogeneous_requests(n: int, seed: int) -> list[Request]:
 
 @contextlib.contextmanager
 def replicas(n: int, speed: float, tmp: Path) -> Iterator[list[str]]:
-    from gateway.model_dir import builtin_model_dir
+    from gateway.sim.model_dir import builtin_model_dir
     procs, urls = [], []
     try:
         for i in range(n):
@@ -96,7 +96,7 @@ def replicas(n: int, speed: float, tmp: Path) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def gateway(urls: list[str], balancer: str, tmp: Path) -> Iterator[str]:
-    from gateway.model_dir import builtin_model_dir
+    from gateway.sim.model_dir import builtin_model_dir
     port = free_port()
     config = tmp / f"gateway-{balancer}.yaml"
     config.write_text(json.dumps({  # JSON is YAML

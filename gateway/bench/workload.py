@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.bench.loadgen import Request
-from gateway.model_dir import WORDS
+from gateway.sim.model_dir import WORDS
 
 _PIECES = tuple(" " + w for w in WORDS)
 

@@ -27,7 +27,7 @@ from typing import Iterable
 from redis.asyncio import Redis
 
 from gateway.canary.samples import PairSample, Record, Sample
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger(__name__)
 

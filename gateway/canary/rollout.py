@@ -48,7 +48,7 @@ from typing import Any, Callable
 import redis
 
 from gateway.canary.judge import EXIT_CODES
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger("llm-gateway.rollout")
 

@@ -29,11 +29,12 @@ from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
 from gateway.protocol.errors import GatewayError, Overloaded
 from gateway.protocol.request import GenerationRequest
-from gateway.relay import Reply
 
 if TYPE_CHECKING:
-    from gateway.relay import Relay
-    from gateway.router import Router
+    from gateway.dataplane.admission import Admitter
+    from gateway.dataplane.placement import Placer
+    from gateway.dataplane.relay import Relay
+    from gateway.dataplane.reply import Reply
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,11 @@ def shadow_pools(model: ServedModel, pool: str) -> list[Pool]:
 class Shadows:
     """Starts, bounds and tracks one instance's shadow copies."""
 
-    def __init__(self, router: "Router", relay: Callable[[], "Relay"], metrics: CanaryMetrics,
-                 agreement: Agreement, max_in_flight: int,
+    def __init__(self, admitter: "Admitter", placer: "Placer", relay: Callable[[], "Relay"],
+                 metrics: CanaryMetrics, agreement: Agreement, max_in_flight: int,
                  rng: random.Random | None = None) -> None:
-        self.router = router
+        self.admitter = admitter
+        self.placer = placer
         self._relay = relay  # the relay exists once the gateway started
         self.metrics = metrics
         self.agreement = agreement
@@ -57,10 +59,10 @@ class Shadows:
         self.in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         # Models with a shadow pool: the one check ordinary requests pay.
-        self.models = {name for name, m in router.models.items()
+        self.models = {name for name, m in admitter.models.items()
                        if any(p.shadow_of for p in m.pools)}
         for name in self.models:
-            for pool in router.models[name].pools:
+            for pool in admitter.models[name].pools:
                 if pool.shadow_of:
                     metrics.start_at_zero(name, pool.name)
 
@@ -96,12 +98,12 @@ class Shadows:
         try:
             arrival = time.perf_counter()
             try:
-                model, admission = self.router.admit(request)
+                model, admission = self.admitter.admit(request)
                 # No session: the balancer would remember the shadow replica as the session's
                 # last one, and the session's next request would lose its replica affinity.
                 admission.cost.session = None
                 # Never queued: a copy waiting for a slot would take a client's place.
-                placement = await self.router.place(model, admission, wait=False)
+                placement = await self.placer.place(model, admission, wait=False)
             except GatewayError as error:
                 reason = "no_slot" if isinstance(error, Overloaded) else "rejected"
                 self.metrics.shadow_skipped.labels(pair.model, pair.pool, reason).inc()
@@ -154,7 +156,7 @@ class _PrimaryText(TextCollector):
             self.pairs = []
 
 
-def primary_reply(primary: TextCollector, reply: Reply) -> Reply:
+def primary_reply(primary: TextCollector, reply: "Reply") -> "Reply":
     """Have the primary's answer read on its way to the client: a body at once, a stream as
     it passes (its end, or the client leaving, ends the primary's side)."""
     assert isinstance(primary, _PrimaryText)

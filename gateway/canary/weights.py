@@ -16,7 +16,7 @@ from typing import Callable
 from redis.asyncio import Redis
 
 from gateway.fleet.model import Pool, ServedModel
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger(__name__)
 

@@ -23,39 +23,15 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import aiohttp
 
-from gateway.fleet.replica import Replica
+from gateway.fleet.replica import EngineSignals, Replica
+
+__all__ = ["EngineSignals", "SignalScraper", "parse_signals"]
 
 log = logging.getLogger("gateway.signals")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSignals:
-    """What one replica reported about itself at ``scraped_at`` (``time.monotonic()``)."""
-
-    running: int | None = None    # sequences in the engine's batch
-    waiting: int | None = None    # requests queued inside the engine
-    kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
-    scraped_at: float = 0.0
-    ledger_in_flight: int = 0     # the ledger's in-flight count for the replica at that moment
-
-    @property
-    def requests(self) -> int | None:
-        if self.running is None and self.waiting is None:
-            return None
-        return (self.running or 0) + (self.waiting or 0)
-
-    def unexplained_requests(self) -> int:
-        """Requests the engine holds beyond what the ledger had placed there at scrape time:
-        work from other clients (or other gateways without a shared ledger)."""
-        return max(0, (self.requests or 0) - self.ledger_in_flight)
-
-    def fresh(self, now: float, max_age: float) -> bool:
-        return now - self.scraped_at <= max_age
 
 
 # engine -> (running, waiting, kv used, kv total or None when "kv used" is already a fraction)

@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from gateway.protocol.errors import Api
+# The engines a replica can run; what each speaks is gateway.protocol.translate's business.
+ENGINES = ("vllm", "tgi", "sglang", "llamacpp", "openai")
 
-if TYPE_CHECKING:
-    from gateway.fleet.engine_signals import EngineSignals
 
-# Which client protocols each engine speaks natively. TGI also serves the OpenAI-style
-# Messages API (/v1/chat/completions, /v1/completions). The other protocol reaches every engine
-# through translation (gateway/protocol/translate).
-ENGINE_APIS: dict[str, frozenset[Api]] = {
-    "vllm": frozenset({Api.OPENAI}),
-    "sglang": frozenset({Api.OPENAI}),
-    "llamacpp": frozenset({Api.OPENAI}),
-    "openai": frozenset({Api.OPENAI}),
-    "tgi": frozenset({Api.OPENAI, Api.TGI}),
-}
+@dataclass(frozen=True, slots=True)
+class EngineSignals:
+    """What one replica reported about itself at ``scraped_at`` (``time.monotonic()``)."""
+
+    running: int | None = None    # sequences in the engine's batch
+    waiting: int | None = None    # requests queued inside the engine
+    kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
+    scraped_at: float = 0.0
+    ledger_in_flight: int = 0     # the ledger's in-flight count for the replica at that moment
+
+    @property
+    def requests(self) -> int | None:
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0) + (self.waiting or 0)
+
+    def unexplained_requests(self) -> int:
+        """Requests the engine holds beyond what the ledger had placed there at scrape time:
+        work from other clients (or other gateways without a shared ledger)."""
+        return max(0, (self.requests or 0) - self.ledger_in_flight)
+
+    def fresh(self, now: float, max_age: float) -> bool:
+        return now - self.scraped_at <= max_age
 
 
 @dataclass(eq=False)
@@ -38,16 +49,11 @@ class Replica:
     ejected_until: float = 0.0  # wall-clock time (shareable across instances); outlier ejection
     draining: bool = False  # admin: finish in-flight work, take nothing new
     max_concurrent_requests: int | None = None  # the engine's own in-flight limit, if it reports one
-    signals: "EngineSignals | None" = None  # latest scrape of the engine's own load (engine_signals.py)
+    signals: EngineSignals | None = None  # latest scrape of the engine's own load (engine_signals.py)
     version: str | None = None  # the engine's version where it reports one (TGI /info): what it serves
-    apis: frozenset[Api] = field(default=frozenset())
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
-        self.apis = ENGINE_APIS[self.engine]
-
-    def speaks(self, api: Api) -> bool:
-        return api in self.apis
 
     @property
     def ejected(self) -> bool:

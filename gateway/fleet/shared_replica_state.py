@@ -21,7 +21,7 @@ from typing import Sequence
 from redis.asyncio import Redis
 
 from gateway.fleet.replica import Replica
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 # KEYS: ejected_until hash, draining hash. ARGV: now, then per replica:
 # name, ejection op (max|set|keep), ejected_until, drain op (set|keep), draining ("1"/"0").

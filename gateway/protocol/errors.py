@@ -182,7 +182,7 @@ class Draining(GatewayError):
         super().__init__("the gateway is shutting down; retry on another instance")
 
 
-class UpstreamError(GatewayError):
+class EngineError(GatewayError):
     """An engine's own error (4xx/5xx), carried to the client in the client's shape."""
 
     openai_type = "upstream_error"
@@ -226,7 +226,7 @@ _CONTEXT_MARKERS = ("maximum context length", "context length", "context size",
                     "`inputs` tokens + `max_new_tokens`", "max_model_len")
 
 
-def error_from_engine(status: int, body: bytes) -> UpstreamError:
+def error_from_engine(status: int, body: bytes) -> EngineError:
     """Read any engine's error body (vLLM nested or flat, SGLang, llama.cpp, TGI).
 
     An engine's context-window rejection keeps status 400 and gains OpenAI's
@@ -251,6 +251,6 @@ def error_from_engine(status: int, body: bytes) -> UpstreamError:
     is_context = engine_type == "exceed_context_size_error" or (
         400 <= status < 500 and any(m in message for m in _CONTEXT_MARKERS))
     if is_context:
-        return UpstreamError(message, 400, engine_type, code="context_length_exceeded",
+        return EngineError(message, 400, engine_type, code="context_length_exceeded",
                              param=param, tgi_type="validation")
-    return UpstreamError(message, status, engine_type, param=param, tgi_type=tgi_type)
+    return EngineError(message, status, engine_type, param=param, tgi_type=tgi_type)

@@ -29,7 +29,7 @@ from gateway.config import Settings
 from gateway.fleet.replica import Replica
 from gateway.fleet.shared_replica_state import SharedReplicaState
 from gateway.metrics import GatewayMetrics, SharedStateMetrics
-from gateway.shared.keys import SharedKeys
+from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class SharedStateSync:
     async def start(self, metrics: GatewayMetrics) -> None:
         """Export the sync's metrics and run a first round (bounded by ``timeout``), so the
         first requests already see the fleet's load when Redis is there."""
-        registry = getattr(metrics, "registry", None)  # absent when metrics are off
+        registry = metrics.registry  # None when metrics are off
         if registry is not None:
             self.metrics = SharedStateMetrics(registry)
         await self.round()

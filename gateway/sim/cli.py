@@ -119,7 +119,7 @@ def build_config(args: argparse.Namespace):
     """The replica's configuration from parsed flags (raises ValueError on inconsistent flags)."""
     import random
 
-    from gateway.model_dir import builtin_model_dir
+    from gateway.sim.model_dir import builtin_model_dir
     from gateway.sim.app import VERSION, SimConfig
     from gateway.sim.faults import Faults, check
     from gateway.sim.profiles import get_profile

@@ -1,6 +1,6 @@
 """Deterministic generated text: one generated token = one word piece (`" word"`).
 
-Pieces come from ``gateway.model_dir.WORDS``; their JSON-escaped bytes are computed once so
+Pieces come from ``gateway.sim.model_dir.WORDS``; their JSON-escaped bytes are computed once so
 rendering a token into an SSE event is a byte concatenation, not a JSON dump.
 """
 
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import orjson
 
-from gateway.model_dir import WORDS
+from gateway.sim.model_dir import WORDS
 
 PIECES: tuple[str, ...] = tuple(" " + w for w in WORDS)
 PIECES_JSON: tuple[bytes, ...] = tuple(orjson.dumps(p) for p in PIECES) + (b'""',)  # b'" the"'; EOS

@@ -4,12 +4,21 @@ delivered chunk by chunk to a ``BodyHandler`` as each read arrives."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import Callable, Protocol
 
 from gateway.upstream.errors import UpstreamError
 
-if TYPE_CHECKING:
-    from gateway.upstream.connection import UpstreamConnection
+
+class Exchange(Protocol):
+    """What a response needs of its connection (``connection.UpstreamConnection``)."""
+
+    body_to: Callable[[bytes], None]
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 class BodyHandler(Protocol):
@@ -26,11 +35,11 @@ class UpstreamResponse:
                  "_ended", "_error", "_waiter")
 
     def __init__(self, status: int, raw_headers: list[tuple[bytes, bytes]],
-                 connection: "UpstreamConnection") -> None:
+                 connection: Exchange) -> None:
         self.status = status
         self.raw_headers = raw_headers  # as received, names in their case
         self._headers: dict[str, str] | None = None
-        self._connection: UpstreamConnection | None = connection
+        self._connection: Exchange | None = connection
         self._chunks: list[bytes] = []  # body received before read() or stream()
         self._handler: BodyHandler | None = None
         self._ended = False

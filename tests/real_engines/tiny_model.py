@@ -2,7 +2,7 @@
 
 No model hub is reachable here, so the real engines (vLLM, llama.cpp) serve weights the tests
 make: the gateway's own trained byte-level BPE tokenizer and chat template
-(``gateway.model_dir``), a ``LlamaConfig`` small enough to load in a second on a CPU, and
+(``gateway.sim.model_dir``), a ``LlamaConfig`` small enough to load in a second on a CPU, and
 random weights from a fixed seed (numpy, so the test environment needs no torch). The engines
 load it with the same code that loads a real checkpoint.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from gateway.model_dir import BOS, EOS, write_model_dir
+from gateway.sim.model_dir import BOS, EOS, write_model_dir
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 2, 4, 2, 32
 MAX_POSITIONS = 1024

@@ -6,7 +6,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.model_dir import write_model_dir
+from gateway.sim.model_dir import write_model_dir
 from tests.sim.conftest import FAST
 from tests.support import sim
 

@@ -1,6 +1,8 @@
-"""Translation between the OpenAI and TGI dialects, chosen per request once its replica is
-picked (a pool may mix engines). Pure data code: bodies, events and errors in, bodies, events
-and errors out; the relay does the I/O. Same-dialect traffic never reaches it.
+"""How a request reaches the engine picked for it, and its answer the client: chosen per
+request once its replica is picked (a pool may mix engines). Pure data code: bodies, events
+and errors in, bodies, events and errors out; the relay does the I/O and holds no dialect.
+
+Same-dialect traffic passes through (``passthrough``). Between the OpenAI and TGI dialects:
 
 - TGI client (``/generate``, ``/generate_stream``, ``POST /``) on an OpenAI-dialect engine
   (vllm, sglang, llamacpp, openai): through its ``/v1/completions``
@@ -10,7 +12,7 @@ and errors out; the relay does the I/O. Same-dialect traffic never reaches it.
   Messages API (TGI >= 1.4.0), untranslated.
 
 ``refusal`` says, at admission, whether an engine can serve a request exactly (else which
-parameter it cannot honour); ``plan`` builds the translation for the replica picked.
+parameter it cannot honour); ``plan`` builds the ``Translation`` for the replica picked.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import orjson
 
-from gateway.protocol.errors import Api, ApiNotServed, GatewayError, UpstreamError
+from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
+from gateway.protocol.translate.passthrough import PassThrough
 from gateway.protocol.translate.sse import malformed
-from gateway.protocol.translate.tokens import TokenTexts
+from gateway.protocol.translate.generated_tokens import TokenTexts
 from gateway.protocol.usage import Usage
 from gateway.tokens import ModelTokenizer
 
@@ -61,9 +64,33 @@ class StreamReader(Protocol):
     def pending(self) -> bytes: ...
 
 
+class Translation(Protocol):
+    """How one request reaches its replica and how the answer comes back: where to send what,
+    a reader for the stream, the whole answer's body and usage, the engine's errors."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    def reader(self) -> StreamReader: ...
+
+    def response(self, content: bytes, headers: Mapping[str, str]
+                 ) -> tuple[bytes, Usage, list[tuple[bytes, bytes]]]:
+        """The client's body from the engine's (2xx), its usage, and headers that replace
+        the engine's of the same name."""
+
+    def engine_error(self, error: EngineError) -> EngineError:
+        """An engine's error (4xx/5xx) in the client's terms."""
+
+
+JSON_TYPE = (b"content-type", b"application/json")
+
+
 @dataclass(slots=True)
-class Translation:
-    """How one request reaches a replica of the other dialect."""
+class Translated:
+    """A request served by a replica of the other dialect."""
 
     path: str
     body: bytes
@@ -73,12 +100,11 @@ class Translation:
 
     def response(self, content: bytes,
                  headers: Mapping[str, str]) -> tuple[bytes, Usage, list[tuple[bytes, bytes]]]:
-        """The client's body from the engine's (2xx), its usage, headers to add."""
         try:
             body, usage = self.answer(content, headers)
         except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
             raise malformed(exc) from None
-        extra = []
+        extra = [JSON_TYPE]  # a body the gateway wrote, whatever the engine's answer was
         if self.client is Api.TGI:  # TGI reports its counts in headers too
             if usage.prompt_tokens is not None:
                 extra.append((b"x-prompt-tokens", b"%d" % usage.prompt_tokens))
@@ -86,10 +112,9 @@ class Translation:
                 extra.append((b"x-generated-tokens", b"%d" % usage.completion_tokens))
         return body, usage, extra
 
-    def engine_error(self, error: UpstreamError) -> UpstreamError:
-        """An engine's error in the client's terms: TGI clients get TGI's statuses (422 for
-        a request the engine refused, 424 for a failed generation); a context-window refusal
-        stays the gateway's 400."""
+    def engine_error(self, error: EngineError) -> EngineError:
+        """TGI clients get TGI's statuses (422 for a request the engine refused, 424 for a
+        failed generation); a context-window refusal stays the gateway's 400."""
         if self.client is Api.TGI and error.code != "context_length_exceeded":
             if 400 <= error.status < 500 and error.status != 429:
                 error.tgi_status_override = 422
@@ -149,18 +174,18 @@ def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool)
 
 
 def plan(request: GenerationRequest, engine: str, version: str | None, model: str,
-         tokenizer: ModelTokenizer | None, window: int | None) -> Translation | None:
-    """The translation ``request`` needs on a replica of ``engine`` (None: same dialect)."""
+         tokenizer: ModelTokenizer | None, window: int | None) -> Translation:
+    """How ``request`` reaches a replica of ``engine``: translated, or passed through."""
     if request.api is Api.TGI and engine != "tgi":
         return _tgi_on_openai(request, engine, model, tokenizer, window)
     if (request.api is Api.OPENAI and engine == "tgi" and not request.is_chat
             and not _at_least(version, TGI_COMPLETIONS_API)):
         return _completions_on_tgi(request, version, tokenizer)
-    return None
+    return PassThrough(request)
 
 
 def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
-                   tokenizer: ModelTokenizer | None, window: int | None) -> Translation:
+                   tokenizer: ModelTokenizer | None, window: int | None) -> Translated:
     p = _tgi_parameters(request)
     prompt_ids = None
     if p.truncate is not None and engine != "vllm" and tokenizer is not None:
@@ -187,11 +212,11 @@ def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
         return tgi_response.tgi_body(p, engine, _json_object(content), texts(), seed,
                                      compat=request.path == "/")
 
-    return Translation("/v1/completions", orjson.dumps(body), Api.TGI, reader, answer)
+    return Translated("/v1/completions", orjson.dumps(body), Api.TGI, reader, answer)
 
 
 def _completions_on_tgi(request: GenerationRequest, version: str | None,
-                        tokenizer: ModelTokenizer | None) -> Translation:
+                        tokenizer: ModelTokenizer | None) -> Translated:
     body, plan_ = openai_to_tgi.tgi_body(request.body, request.stream)
     # TGI gives the prompt count in `x-prompt-tokens` (>= 1.4.0) and, for streams, in
     # details.input_length (>= 2.3); else the model's tokenizer counts it, if configured.
@@ -209,7 +234,7 @@ def _completions_on_tgi(request: GenerationRequest, version: str | None,
         return openai_to_tgi.completion_body(plan_, _json_object(content), prompt)
 
     path = "/generate_stream" if request.stream else "/generate"
-    return Translation(path, orjson.dumps(body), Api.OPENAI, reader, answer)
+    return Translated(path, orjson.dumps(body), Api.OPENAI, reader, answer)
 
 
 def _json_object(content: bytes) -> dict[str, Any]:

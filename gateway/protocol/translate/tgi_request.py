@@ -16,10 +16,11 @@ from typing import Any, Callable
 
 import orjson
 
+from gateway.fleet.replica import ENGINES
 from gateway.protocol.errors import InvalidRequest
 from gateway.protocol.request import field
 
-OPENAI_ENGINES = ("vllm", "sglang", "llamacpp", "openai")
+OPENAI_ENGINES = tuple(engine for engine in ENGINES if engine != "tgi")
 
 
 def _all(name: str) -> dict[str, str | None]:

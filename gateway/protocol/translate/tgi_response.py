@@ -18,7 +18,7 @@ import orjson
 
 from gateway.protocol.translate.sse import TranslatingReader, payloads
 from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
-from gateway.protocol.translate.tokens import (Token, TokenTexts, choice_tokens, mark_eos,
+from gateway.protocol.translate.generated_tokens import (Token, TokenTexts, choice_tokens, mark_eos,
                                                merged_tokens)
 from gateway.protocol.usage import Usage
 

@@ -1,4 +1,6 @@
-"""The context-window check: which replicas can hold a request, and what it will cost them.
+"""Admission: the request's model, the replicas that can serve it (its dialect, natively or
+translated; its pool, by the canary split) and, of those, the ones whose context window
+holds it, with what it will cost them.
 
 The rule is the engines' own: reject ``prompt + max_tokens > window``, and
 ``prompt >= window`` when ``max_tokens`` is absent. The prompt is counted exactly (the model's
@@ -18,10 +20,12 @@ from typing import Any
 
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
+from gateway.canary.split import PoolSplit
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import ContextLengthExceeded, InvalidRequest
+from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
+from gateway.protocol.translate import servable
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
 ESTIMATED_BYTES_PER_TOKEN = 4
@@ -170,3 +174,33 @@ def admit(model: ServedModel, request: GenerationRequest,
         limit = max(windows) if windows else longest
         raise ContextLengthExceeded(limit, longest, max_tokens, request.api, request.is_chat)
     return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)
+
+
+class Admitter:
+    """Model name -> the model, and the replicas of it that can take a request."""
+
+    def __init__(self, models: dict[str, ServedModel], default_model: str | None,
+                 split: PoolSplit) -> None:
+        self.models = models
+        self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
+        self.split = split
+
+    def model_for(self, name: str | None, api: Api) -> ServedModel:
+        """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
+        if name is None or (api is Api.TGI and name not in self.models):
+            name = self.default_model
+            if name is None:
+                raise ModelNotFound("(none given; several models are served, name one)")
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFound(name)
+        return model
+
+    def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
+        """The request's model, cost and the replicas whose window it fits (else raise)."""
+        model = self.model_for(request.model, request.api)
+        # Natively or translated; a replica that cannot honour every parameter is left out.
+        speakers = servable(request, model.replicas, model.tokenizer is not None)
+        # The pool: forced by the client, else any that takes primary traffic (canary split).
+        speakers = self.split.candidates(model, request, speakers)
+        return model, admit(model, request, speakers)

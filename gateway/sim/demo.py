@@ -22,7 +22,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import load_settings
-from gateway.model_dir import builtin_model_dir
+from gateway.sim.model_dir import builtin_model_dir
 
 MODEL = "demo-llama-3-8b"
 

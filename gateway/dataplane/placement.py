@@ -1,4 +1,6 @@
-"""model name -> model -> pool -> replica, with the request's cost reserved in the ledger."""
+"""Placement: an admitted request's replica, picked by the balancing policy among those with
+a free slot, with the request's cost reserved there in the ledger; a request that finds
+every slot taken waits in its model's fair queue."""
 
 from __future__ import annotations
 
@@ -16,11 +18,9 @@ from gateway.canary.split import PoolSplit
 from gateway.config import BackpressureConfig
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
-from gateway.protocol.errors import (Api, ModelNotFound, NoReplicaAvailable, Overloaded,
-                                     QueueFull)
-from gateway.protocol.request import Caller, GenerationRequest
-from gateway.protocol.translate import servable
-from gateway.window import Admission, admit
+from gateway.dataplane.admission import Admission
+from gateway.protocol.errors import NoReplicaAvailable, Overloaded, QueueFull
+from gateway.protocol.request import Caller
 
 
 @dataclass(slots=True)
@@ -46,41 +46,18 @@ class Placement:
 _RECHECK_SECONDS = 0.1
 
 
-class Router:
-    def __init__(self, models: dict[str, ServedModel], default_model: str | None,
-                 policy: Policy, ledger: LoadLedger,
+class Placer:
+    def __init__(self, policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
                  rng: random.Random | None = None, split: PoolSplit | None = None,
                  outputs: OutputEstimate | None = None) -> None:
-        self.models = models
         self.outputs = outputs  # expected output lengths; None = reserve the whole ask
-        self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.policy = policy
         self.ledger = ledger
         self.backpressure = backpressure
         self.rng = rng or random.Random()
         self.split = split or PoolSplit(rng=self.rng)
         self._waiters: dict[str, FairQueue] = {}  # per model
-
-    def model_for(self, name: str | None, api: Api) -> ServedModel:
-        """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
-        if name is None or (api is Api.TGI and name not in self.models):
-            name = self.default_model
-            if name is None:
-                raise ModelNotFound("(none given; several models are served, name one)")
-        model = self.models.get(name)
-        if model is None:
-            raise ModelNotFound(name)
-        return model
-
-    def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
-        """The request's model, cost and the replicas whose window it fits (else raise)."""
-        model = self.model_for(request.model, request.api)
-        # Natively or translated; a replica that cannot honour every parameter is left out.
-        speakers = servable(request, model.replicas, model.tokenizer is not None)
-        # The pool: forced by the client, else any that takes primary traffic (canary split).
-        speakers = self.split.candidates(model, request, speakers)
-        return model, admit(model, request, speakers)
 
     async def place(self, model: ServedModel, admission: Admission,
                     exclude: Collection[Replica] = (), key: str | None = None,

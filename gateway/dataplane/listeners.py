@@ -1,0 +1,85 @@
+"""The listeners registered at wiring: each turns an attempt's outcome into what its own
+part of the gateway keeps (``gateway.dataplane.outcome``)."""
+
+from __future__ import annotations
+
+from gateway.canary.samples import SampleBook
+from gateway.dataplane.outcome import Attempt, Listener
+from gateway.fleet.outlier import OutlierDetector
+from gateway.metrics import GatewayMetrics, status_class
+
+
+class RequestMetrics(Listener):
+    """TTFT when the first token comes; the rest when the attempt ends."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def first_token(self, attempt: Attempt) -> None:
+        meter = self.metrics.for_replica(attempt.replica, attempt.request.api, attempt.role)
+        meter.ttft.observe(attempt.first_at - attempt.arrival)  # type: ignore[operator]
+
+    def ended(self, attempt: Attempt) -> None:
+        metrics = self.metrics
+        meter = metrics.for_replica(attempt.replica, attempt.request.api, attempt.role)
+        if attempt.sent_at:
+            meter.overhead.observe(attempt.sent_at - attempt.arrival)
+        meter.requests[status_class(attempt.status)].inc()
+        if attempt.error is not None:
+            metrics.upstream_error(attempt.replica, attempt.error)
+        if not attempt.answered:
+            return
+        meter.e2e.observe(attempt.ended_at - attempt.arrival)
+        usage = attempt.usage
+        if usage.prompt_tokens:
+            meter.prompt_tokens.inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            meter.generation_tokens.inc(usage.completion_tokens)
+        decode = attempt.decode
+        if decode is not None:
+            meter.itl.observe(decode[0])
+            meter.tokens_per_second.observe(decode[1])
+
+
+class OutlierRecord(Listener):
+    """A replica's failures and successes, for passive ejection. A shadow copy never ejects a
+    replica nor clears its failures: how it went must not change how clients are served."""
+
+    def __init__(self, outlier: OutlierDetector) -> None:
+        self.outlier = outlier
+
+    def ended(self, attempt: Attempt) -> None:
+        if attempt.request.shadow:
+            return
+        if attempt.replica_failed:
+            self.outlier.failure(attempt.replica)
+        elif attempt.replica_served:
+            self.outlier.success(attempt.replica)
+
+
+class CanarySamples(Listener):
+    """Each pool's recent requests, for the canary verdict."""
+
+    def __init__(self, samples: SampleBook) -> None:
+        self.samples = samples
+
+    def ended(self, attempt: Attempt) -> None:
+        replica = attempt.replica
+        if attempt.status >= 500:
+            self.samples.failed(replica.model, replica.pool)
+        elif attempt.answered and attempt.status < 400:
+            decode = attempt.decode
+            ttft = None if attempt.first_at is None else attempt.first_at - attempt.arrival
+            self.samples.served(replica.model, replica.pool, ttft,
+                                None if decode is None else decode[0],
+                                attempt.ended_at - attempt.arrival,
+                                None if decode is None else decode[1])
+
+
+class OutputLengths(Listener):
+    """What completed requests generated of what they asked (the balancer's estimate);
+    an error or a disconnect says nothing about lengths."""
+
+    def ended(self, attempt: Attempt) -> None:
+        if attempt.completed:
+            attempt.placement.served(attempt.usage.completion_tokens)
