@@ -9,7 +9,7 @@ that file's), with what a single-GPU, text-only, no-speculation, FCFS engine doe
 - **One token budget per step, running requests first** (``schedule``, l. 611, 659-857):
   ``token_budget = max_num_batched_tokens``; each running request, in ``running`` order, is
   given ``num_tokens - num_computed_tokens`` tokens (1 for a decode, the rest of a prompt for
-  a prefill in progress), capped by what is left of the budget (l. 706-712). There is no
+  a prefill in progress), capped by what is left of the budget (l. 703-712). There is no
   prefill or decode phase: a prompt is chunked wherever the budget runs out, in the same step
   as the decodes. ``long_prefill_token_threshold`` is 0 by default (``config/scheduler.py``
   l. 79), so a long prompt may take the whole budget.
@@ -40,7 +40,7 @@ that file's), with what a single-GPU, text-only, no-speculation, FCFS engine doe
   preempted (FCFS policy: ``self.running.pop()``), its blocks freed (they stay cached), its
   computed tokens reset to 0, and it goes back to the head of the waiting queue; if the
   victim is the request itself, scheduling of running requests stops (l. 841-848). A
-  resumed request looks its prefix up again like a new one (l. 968), so it recomputes only
+  resumed request looks its prefix up again like a new one (l. 960), so it recomputes only
   what was evicted meanwhile.
 - **A token is sampled when a request's computed tokens reach its tokens** (a partial prefill
   chunk samples nothing); the request ends at ``max_new_tokens`` and frees its blocks.
