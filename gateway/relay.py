@@ -49,6 +49,9 @@ _DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate
                               b"upgrade", b"content-length", b"date", b"server"})
 
 
+JSON_TYPE = (b"content-type", b"application/json")
+
+
 @dataclass(slots=True)
 class Reply:
     """What goes back to the client: a whole body, or a stream of SSE bytes.
@@ -238,7 +241,9 @@ class Relay:
             self._succeeded(placement.replica, request)
             self._account(meter, usage, arrival, None, None, response.status, placement.replica)
             placement.served(usage.completion_tokens)
-            return Reply(response.status, headers + extra, body=body, usage=usage)
+            # A body the gateway wrote: JSON, whatever the engine's answer was (a stream).
+            headers = [h for h in headers if h[0].lower() != b"content-type"]
+            return Reply(response.status, [JSON_TYPE, *headers, *extra], body=body, usage=usage)
         self._succeeded(placement.replica, request)
         try:
             usage = _usage_from_json(orjson.loads(body), request.api)
@@ -499,6 +504,17 @@ def _tokenless_events(out: bytes) -> int:
     return sum(out.count(marker) for marker in _TOKENLESS)
 
 
+def _stamped(events: bytes, field: bytes) -> bytes:
+    """``field`` added at the end of each terminal chunk (one with a finish reason) that has
+    no fingerprint: where vLLM writes it when the client asked for no usage."""
+    parts = events.split(b"\n\n")
+    for i, event in enumerate(parts):
+        if (b'"finish_reason":"' in event and b'"system_fingerprint"' not in event
+                and event.endswith(b"}")):
+            parts[i] = event[:-1] + field + b"}"
+    return b"\n\n".join(parts)
+
+
 class _EventReader:
     """Splits upstream bytes on SSE event boundaries and reads what the gateway needs.
 
@@ -506,28 +522,45 @@ class _EventReader:
     only when they carry usage or TGI's final details, which is once per stream.
     """
 
-    __slots__ = ("api", "strip_usage", "pending", "usage", "token_events", "finished")
+    __slots__ = ("api", "strip_usage", "partial", "withheld", "usage", "token_events",
+                 "finished")
 
     def __init__(self, api: Api, strip_usage: bool) -> None:
         self.api = api
         self.strip_usage = strip_usage
-        self.pending = b""
+        self.partial = b""  # an event not yet complete
+        self.withheld = b""  # complete events waiting for the usage chunk (see feed)
         self.usage = Usage()
         self.token_events = 0
         self.finished = False
 
+    @property
+    def pending(self) -> bytes:
+        """What is left at the end of the stream: events withheld, and an unterminated one."""
+        return self.withheld + self.partial
+
     def feed(self, chunk: bytes) -> tuple[bytes, int]:
         """Returns the bytes to forward now and how many token events they hold."""
-        if not self.pending and chunk.endswith(b"\n\n"):  # the usual case: whole events
+        if not self.partial and chunk.endswith(b"\n\n"):  # the usual case: whole events
             out = chunk
         else:
-            data = self.pending + chunk
+            data = self.partial + chunk
             cut = data.rfind(b"\n\n")
             if cut < 0:
-                self.pending = data
+                self.partial = data
                 return b"", 0
             cut += 2
-            out, self.pending = data[:cut], data[cut:]
+            out, self.partial = data[:cut], data[cut:]
+        if self.withheld:
+            out, self.withheld = self.withheld + out, b""
+        if (self.strip_usage and b'"finish_reason":"' in out and b'"usage"' not in out
+                and b"[DONE]" not in out):
+            # vLLM stamps its system_fingerprint on the terminal chunks only when no usage
+            # chunk follows. The gateway asked for one on the client's behalf, so a read
+            # that ends a choice waits for the next (the usage chunk follows at once) to
+            # learn the fingerprint and put it back where the client would have had it.
+            self.withheld = out
+            return b"", 0
         # Events are the lines that start with `data:` (JSON strings hold no raw newline,
         # so a token's text cannot fake one).
         events = out.count(b"\ndata:") + out.startswith(b"data:")
@@ -563,7 +596,11 @@ class _EventReader:
         if not parsed.get("choices"):  # the usage-only chunk carries no token
             events -= 1
             if self.strip_usage:
-                out = out[:start] + out[end:]
+                fingerprint = parsed.get("system_fingerprint")
+                head = out[:start]
+                if isinstance(fingerprint, str):
+                    head = _stamped(head, b',"system_fingerprint":' + orjson.dumps(fingerprint))
+                out = head + out[end:]
         return out, events
 
     def _read_tgi_final(self, out: bytes) -> None:

@@ -152,5 +152,5 @@ def admit(model: ServedModel, request: GenerationRequest,
     if not fitting:
         windows = [w for w in (model.window(r) for r in candidates) if w is not None]
         limit = max(windows) if windows else longest
-        raise ContextLengthExceeded(limit, longest, max_tokens, request.api)
+        raise ContextLengthExceeded(limit, longest, max_tokens, request.api, request.is_chat)
     return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)

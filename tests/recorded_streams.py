@@ -36,7 +36,7 @@ class Recording:
     def expected(self, wants_usage: bool) -> bytes:
         """What a client receives through the gateway."""
         if self.usage_chunk and not wants_usage:
-            return self.data.replace(self.usage_chunk, b"", 1)
+            return as_the_client_asked(self.data, wants_usage)
         return self.data
 
     def event_ends(self) -> list[int]:
@@ -58,32 +58,62 @@ DONE = b"data: [DONE]\n\n"
 TEXTS = [" The", " \"usage\":{", " data: [DONE]", "\n\n", " caf\u00e9", " \u4f60\u597d", " {}", " \"\""]
 
 
+VLLM_FINGERPRINT = "vllm-0.32.0-e448ce5d"
+
+
 def _vllm_completion_chunks(texts: list[str], finish: str | None) -> bytes:
+    """vLLM 0.32's completion chunks, as a client that asked for usage gets them (the
+    fingerprint then rides on the usage chunk, not on the terminal chunk)."""
     out = []
     for i, text in enumerate(texts):
         out.append(_sse({"id": "cmpl-7f3a9c", "object": "text_completion", "created": 1763900000,
                          "model": "m", "choices": [{"index": 0, "text": text, "logprobs": None,
                                                     "finish_reason": finish if i == len(texts) - 1 else None,
-                                                    "stop_reason": None}]}))
+                                                    "stop_reason": None, "prompt_token_ids": None,
+                                                    "token_ids": None}]}))
     return b"".join(out)
 
 
 def _vllm_usage(obj: str, prompt: int, completion: int) -> bytes:
     return _sse({"id": "cmpl-7f3a9c", "object": obj, "created": 1763900000, "model": "m",
                  "choices": [], "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                                          "completion_tokens": completion}})
+                                          "completion_tokens": completion},
+                 "system_fingerprint": VLLM_FINGERPRINT})
 
 
 def _vllm_chat(texts: list[str], finish: str) -> bytes:
+    """vLLM 0.32's chat chunks: a role chunk, content chunks, the last one with the finish."""
     head = {"id": "chatcmpl-41d0", "object": "chat.completion.chunk", "created": 1763900000, "model": "m"}
     out = [_sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]})]
-    for text in texts:
-        out.append(_sse({**head, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None,
-                                              "finish_reason": None}]}))
-    out.append(_sse({**head, "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": None,
-                                          "finish_reason": finish, "stop_reason": None}]}))
+                                      "logprobs": None, "finish_reason": None}],
+                 "prompt_token_ids": None, "prompt_text": None})]
+    for i, text in enumerate(texts or [""]):
+        last = i == max(len(texts), 1) - 1
+        choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                  "finish_reason": finish if last else None}
+        if last:
+            choice["stop_reason"] = None
+        out.append(_sse({**head, "choices": [{**choice, "token_ids": None}]}))
     return b"".join(out)
+
+
+def as_the_client_asked(engine_sent: bytes, wants_usage: bool) -> bytes:
+    """What a client that asked for no usage gets of a stream the gateway asked usage for on
+    its behalf: no usage-only chunk, and the fingerprint that vLLM moves from the terminal
+    chunks to the usage chunk back where vLLM writes it when no usage chunk follows."""
+    if wants_usage:
+        return engine_sent
+    events, fingerprint = [], None
+    for event in (e for e in engine_sent.split(b"\n\n") if e):
+        if event.startswith(b"data: {") and b'"choices":[]' in event and b'"usage":{' in event:
+            fingerprint = orjson.loads(event[6:]).get("system_fingerprint")
+            continue
+        events.append(event)
+    if fingerprint is not None:
+        stamp = b',"system_fingerprint":' + orjson.dumps(fingerprint) + b"}"
+        events = [e[:-1] + stamp if b'"finish_reason":"' in e and b'"system_fingerprint"' not in e
+                  else e for e in events]
+    return b"".join(e + b"\n\n" for e in events)
 
 
 def _sglang_completion(texts: list[str], prompt: int) -> tuple[bytes, bytes]:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -52,7 +53,18 @@ def _describe(gateway: Any, replica: Replica) -> dict[str, Any]:
             "ejected_until": replica.ejected_until if replica.ejected else None,
             "max_model_len": replica.max_model_len,
             "max_concurrent_requests": replica.max_concurrent_requests,
-            "outstanding_tokens": load.outstanding_tokens, "in_flight": load.in_flight}
+            "outstanding_tokens": load.outstanding_tokens, "in_flight": load.in_flight,
+            "engine_signals": _signals(replica)}
+
+
+def _signals(replica: Replica) -> dict[str, Any] | None:
+    """What the engine last said of itself on /metrics (None: never scraped)."""
+    signals = replica.signals
+    if signals is None or not signals.scraped_at:
+        return None
+    return {"running": signals.running, "waiting": signals.waiting,
+            "kv_usage": signals.kv_usage,
+            "age_seconds": round(time.monotonic() - signals.scraped_at, 3)}
 
 
 def _replica(request: Request, name: str) -> Replica:

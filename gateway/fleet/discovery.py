@@ -4,8 +4,9 @@ vLLM/SGLang: ``GET /v1/models`` ``max_model_len``; TGI: ``GET /info`` ``max_tota
 and ``max_input_tokens`` (``max_input_length`` before v2.1), and ``max_concurrent_requests``
 (TGI answers 429 beyond it, so the gateway queues instead) and ``version`` (which routes it
 has: /v1/completions came in 1.4.4, so OpenAI completions to older ones are translated to
-/generate); llama.cpp: ``GET /props``
-``default_generation_settings.n_ctx`` (per slot, which is what a request gets).
+/generate); llama.cpp: ``GET /props`` ``default_generation_settings.n_ctx`` (per slot, which
+is what a request gets) and ``total_slots`` (its in-flight limit: a request past it waits
+inside the engine, where the balancer cannot see it).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) ->
 async def discover_window(session: aiohttp.ClientSession, replica: Replica,
                           timeout: float) -> bool:
     """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards."""
-    tgi_limit_unknown = replica.engine == "tgi" and replica.max_concurrent_requests is None
-    if replica.max_model_len is not None and not tgi_limit_unknown:
+    limit_unknown = replica.engine in ("tgi", "llamacpp") and replica.max_concurrent_requests is None
+    if replica.max_model_len is not None and not limit_unknown:
         return True
     try:
         if replica.engine == "tgi":
@@ -46,7 +47,10 @@ async def discover_window(session: aiohttp.ClientSession, replica: Replica,
             replica.version = version if isinstance(version, str) else None
         elif replica.engine == "llamacpp":
             props = await _get_json(session, f"{replica.url}/props", timeout)
-            replica.max_model_len = _int(props.get("default_generation_settings", {}).get("n_ctx"))
+            replica.max_model_len = replica.max_model_len or _int(
+                props.get("default_generation_settings", {}).get("n_ctx"))
+            # One request per slot; more wait inside the engine, out of the balancer's sight.
+            replica.max_concurrent_requests = _int(props.get("total_slots"))
         else:
             cards = await _get_json(session, f"{replica.url}/v1/models", timeout)
             data = cards.get("data") or []

@@ -84,22 +84,23 @@ class ContextLengthExceeded(GatewayError):
     reason = "context_length"
 
     def __init__(self, limit: int, prompt_tokens: int, max_tokens: int | None,
-                 api: Api = Api.OPENAI) -> None:
+                 api: Api = Api.OPENAI, chat: bool = True) -> None:
         self.limit, self.prompt_tokens, self.max_tokens = limit, prompt_tokens, max_tokens
+        part = "messages" if chat else "prompt"  # the field OpenAI names, per route
         if api is Api.TGI:
             message = (f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= "
                        f"{limit}. Given: {prompt_tokens} `inputs` tokens and {max_tokens or 0} "
                        f"`max_new_tokens`")
         elif max_tokens is None:
             message = (f"This model's maximum context length is {limit} tokens. However, your "
-                       f"messages resulted in {prompt_tokens} tokens. Please reduce the length "
-                       f"of the messages.")
+                       f"{part} resulted in {prompt_tokens} tokens. Please reduce the length "
+                       f"of the {part}.")
         else:
             message = (f"This model's maximum context length is {limit} tokens. However, you "
                        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                       f"messages, {max_tokens} in the completion). Please reduce the length of "
-                       f"the messages or completion.")
-        super().__init__(message, param="messages")
+                       f"{part}, {max_tokens} in the completion). Please reduce the length of "
+                       f"the {part} or completion.")
+        super().__init__(message, param=part)
 
     @classmethod
     def output_too_large(cls, limit: int, max_tokens: int, api: Api) -> "ContextLengthExceeded":

@@ -181,6 +181,9 @@ def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
         return tgi_response.TgiStream(p, engine, max_tokens, texts(), seed)
 
     def answer(content: bytes, headers: Mapping[str, str]) -> tuple[bytes, Usage]:
+        if engine == "llamacpp":  # asked for a stream either way (tgi_request.openai_body)
+            return tgi_response.tgi_body_from_stream(p, engine, max_tokens, content, texts(),
+                                                     seed, compat=request.path == "/")
         return tgi_response.tgi_body(p, engine, _json_object(content), texts(), seed,
                                      compat=request.path == "/")
 

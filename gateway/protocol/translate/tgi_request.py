@@ -276,10 +276,17 @@ def openai_body(p: TgiParameters, engine: str, model: str, stream: bool,
     """The ``/v1/completions`` body for ``engine``, and the seed to report (TGI reports the
     seed of a sampled request, its own or a drawn one; none for greedy decoding)."""
     names = {name: TGI_TO_OPENAI[name][engine] for name in TGI_TO_OPENAI}
+    # llama.cpp is always asked for a stream, with its count of generated tokens per chunk
+    # (``timings_per_token``): it merges tokens that end inside a UTF-8 character into the
+    # chunk of the token that completes the character, and only a chunk's count says how
+    # many it holds; a whole answer has no such count (``tgi_response.tgi_body_from_stream``).
+    stream = stream or engine == "llamacpp"
     body: dict[str, Any] = {"model": model, "prompt": prompt_ids if prompt_ids is not None
                             else p.inputs, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if engine == "llamacpp":
+        body["timings_per_token"] = True
     seed = None
     if p.sampling:
         body["temperature"] = 1.0 if p.temperature is None else p.temperature

@@ -11,13 +11,15 @@ end in a chunk of its own, after the last token: a token that may be the last (t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
-from gateway.protocol.translate.sse import TranslatingReader
+from gateway.protocol.translate.sse import TranslatingReader, payloads
 from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
-from gateway.protocol.translate.tokens import Token, TokenTexts, choice_tokens, mark_eos
+from gateway.protocol.translate.tokens import (Token, TokenTexts, choice_tokens, mark_eos,
+                                               merged_tokens)
 from gateway.protocol.usage import Usage
 
 DATA = b"data: "
@@ -57,6 +59,7 @@ class TgiStream(TranslatingReader):
         self.text: list[str] = []
         self.held: Token | None = None  # a token that may be the last one
         self.finish: str | None = None
+        self.decoded = 0  # tokens the engine counted so far (llama.cpp)
 
     def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
         out: list[bytes] = []
@@ -78,8 +81,9 @@ class TgiStream(TranslatingReader):
                 continue
             if "usage" in chunk:
                 self._read_usage(chunk)
+            generated = self._generated_in(chunk)
             for choice in chunk.get("choices") or ():
-                tokens += self._choice(choice, out)
+                tokens += self._choice(choice, out, generated)
             if self.finish is not None and self.held is not None and (
                     not self.params.details or self.usage.completion_tokens is not None):
                 out.append(self._final())
@@ -91,10 +95,21 @@ class TgiStream(TranslatingReader):
         if isinstance(usage, dict):
             self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
 
-    def _choice(self, choice: dict[str, Any], out: list[bytes]) -> int:
+    def _generated_in(self, chunk: dict[str, Any]) -> int | None:
+        """Tokens generated since the last chunk, where the engine counts them (llama.cpp's
+        ``timings.predicted_n`` with ``timings_per_token``)."""
+        timings = chunk.get("timings")
+        if not isinstance(timings, dict) or not isinstance(timings.get("predicted_n"), int):
+            return None
+        generated, self.decoded = timings["predicted_n"] - self.decoded, timings["predicted_n"]
+        return generated
+
+    def _choice(self, choice: dict[str, Any], out: list[bytes], generated: int | None) -> int:
         self.text.append(choice.get("text") or "")
         reason = choice.get("finish_reason")
         tokens = choice_tokens(choice, self.engine, self.params.top_n_tokens, self.texts)
+        if tokens and generated is not None and generated > len(tokens):
+            tokens = merged_tokens(generated - len(tokens), self.params.top_n_tokens) + tokens
         if reason is not None:
             self.finish = finish_reason(choice, self.engine)
             mark_eos(tokens, self.finish == "eos_token", self.texts)
@@ -189,6 +204,38 @@ def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
                      and counted.completion_tokens is not None else len(tokens))
         out["details"] = details(tokens, reason, generated, others)
     return orjson.dumps([out] if compat else out), counted
+
+
+def tgi_body_from_stream(params: TgiParameters, engine: str, max_tokens: int, content: bytes,
+                         texts: TokenTexts | None, seed: int | None,
+                         compat: bool) -> tuple[bytes, Usage]:
+    """A ``/generate`` answer from the engine's whole stream (llama.cpp: see ``openai_body``):
+    the stream's own TGI events, gathered. The tokens are the events' tokens, so both ways
+    of asking give the same tokens."""
+    reader = TgiStream(replace(params, details=True), engine, max_tokens, texts, seed)
+    events = reader.feed(content)[0] + reader.pending
+    tokens, final = [], None
+    for payload in payloads(events):
+        event = orjson.loads(payload)
+        if "error" in event:
+            raise ValueError(f"the engine's stream failed: {event['error']}")
+        entry = event["token"]
+        if event.get("top_tokens") is not None:
+            entry = {**entry, "top_tokens": event["top_tokens"]}
+        tokens.append(entry)
+        if event.get("generated_text") is not None:
+            final = event
+    if final is None:
+        raise ValueError("the engine's stream ended without its last token")
+    out: dict[str, Any] = {"generated_text": final["generated_text"]}
+    if params.details:
+        details = {**final["details"], "prefill": []}
+        details.pop("input_length", None)
+        details["tokens"] = [{k: v for k, v in t.items() if k != "top_tokens"} for t in tokens]
+        if params.top_n_tokens:
+            details["top_tokens"] = [t.get("top_tokens") or [] for t in tokens]
+        out["details"] = details
+    return orjson.dumps([out] if compat else out), reader.usage
 
 
 def _prefill(choice: dict[str, Any], texts: TokenTexts | None) -> list[dict[str, Any]]:

@@ -105,7 +105,25 @@ def choice_tokens(choice: dict[str, Any], engine: str, top_n: int,
             for candidate in token.top or ():
                 candidate.special = candidate.id in texts.special_ids
         out.append(token)
+    fit_texts(out, chunk_text)
     return out
+
+
+def fit_texts(tokens: list[Token], text: str) -> None:
+    """Make the tokens' texts add up to ``text``, what the engine sent for them (TGI's events
+    add up to its generated text). vLLM decodes each token alone for its logprobs, so a byte
+    of an unfinished character reads "" there, and the replacement character a broken one
+    becomes shows up in the choice's text only: text between two tokens' own texts goes to
+    the later token (as TGI's decoder emits it), text after the last to the last."""
+    at = 0
+    for token in tokens:
+        found = text.find(token.text, at) if token.text else at
+        if found < 0:  # not sent yet (the engine holds it back): a later token carries it
+            token.text = ""
+            continue
+        token.text, at = text[at:found] + token.text, found + len(token.text)
+    if tokens and at < len(text):
+        tokens[-1].text += text[at:]
 
 
 def _llamacpp_token(entry: dict[str, Any], top_n: int) -> Token:
@@ -114,6 +132,15 @@ def _llamacpp_token(entry: dict[str, Any], top_n: int) -> Token:
         token.top = _top([Token(int(c.get("id", -1)), str(c.get("token", "")), c.get("logprob"))
                           for c in entry.get("top_logprobs") or [] if isinstance(c, dict)], top_n)
     return token
+
+
+def merged_tokens(count: int, top_n: int) -> list[Token]:
+    """Tokens the engine generated but did not report one by one: llama.cpp sends tokens that
+    end inside a UTF-8 character together with the token that completes it, as one entry
+    (the completing token's id and logprob, the whole character as its text). TGI's own
+    events for such tokens carry an empty text (its decoder holds an incomplete character
+    back), which these do too; their ids and logprobs are not on llama.cpp's wire (-1, null)."""
+    return [Token(-1, "", None, top=[] if top_n else None) for _ in range(count)]
 
 
 def mark_eos(tokens: list[Token], eos_finish: bool, texts: TokenTexts | None) -> None:

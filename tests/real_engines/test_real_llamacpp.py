@@ -1,0 +1,155 @@
+"""The gateway in front of llama.cpp's own ``llama-server``, serving the tiny Llama as GGUF.
+
+llama.cpp's wire differs from vLLM's in ways only the real server shows: it sends the end
+of a generation in a chunk of its own, after the last token, and it merges tokens that end
+inside a UTF-8 character into the chunk of the token that completes it (the random weights
+make many such characters). TGI clients get exact streams and details from it all the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+from text_generation import Client as TGIClient
+
+from engines import Engine, llama_server
+from gateway.tokens import ModelTokenizer
+from support import gateway_server
+from tee import Tee, tee
+
+ADMIN = {"authorization": "Bearer real"}
+SLOTS = 4
+PROMPTS = ["The quick brown fox", "Hello world! Please write a short story about a cat.",
+           "caf\u00e9 \u4f60\u597d \U0001f680 3.14 -42", "  spaces\tand\nnewlines  "]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf: Path) -> Iterator[Engine]:
+    with llama_server(tiny_gguf, "-np", str(SLOTS), "--metrics") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def recorder(engine: Engine) -> Iterator[Tee]:
+    with tee(engine.url) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def gateway(recorder: Tee, tiny_model: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
+        {"url": recorder.url, "engine": "llamacpp", "name": "llamacpp-0"}]}],
+              "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": "real"}
+    with gateway_server(tmp_path_factory.mktemp("real-llamacpp"), config) as (url, _):
+        yield url
+
+
+def _post(base: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=60)
+
+
+def test_token_ids_match_the_hugging_face_tokenizer(engine: Engine, tiny_model: Path) -> None:
+    """The converted GGUF's tokenizer (llama.cpp's gpt-2 pre-tokenizer) is the model's."""
+    tokenizer = ModelTokenizer.from_dir(tiny_model)
+    for text in PROMPTS:
+        ids = _post(engine.url, "/tokenize", {"content": text}).json()["tokens"]
+        assert ids == tokenizer.tokenizer.encode(text, add_special_tokens=False).ids, text
+
+
+def _greedy(engine: Engine, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The engine's own greedy answer, with what it reports of each token."""
+    return _post(engine.url, "/v1/completions", {
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 1}).json()
+
+
+def test_openai_streams_pass_through_byte_for_byte(gateway: str, recorder: Tee) -> None:
+    for body in ({"prompt": "The quick brown fox", "max_tokens": 16},
+                 {"prompt": "Once upon", "max_tokens": 16,
+                  "stream_options": {"include_usage": True}}):
+        through = _post(gateway, "/v1/completions", {"model": "tiny", "temperature": 0,
+                                                     "stream": True, **body})
+        assert through.status_code == 200
+        assert through.content == recorder.last("POST", "/v1/completions").body
+    chat = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+    chunks = list(chat.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+        temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_text_generation_stream_is_exact(gateway: str, engine: Engine, prompt: str) -> None:
+    """One TGI event per generated token (tokens llama.cpp merged into a character's chunk
+    included, as TGI sends them: empty text), ending in the final event; the text is the
+    engine's greedy text, the count the engine's."""
+    truth = _greedy(engine, prompt, 24)
+    text = truth["choices"][0]["text"]
+    reported = truth["choices"][0]["logprobs"]["content"]
+    client = TGIClient(gateway, timeout=60)
+    events = list(client.generate_stream(prompt, max_new_tokens=24))
+    assert len(events) == 24 == truth["usage"]["completion_tokens"]
+    assert [e.token.id for e in events if e.token.id != -1] == [t["id"] for t in reported]
+    assert "".join(e.token.text for e in events) == text
+    assert events[-1].generated_text == text
+    assert events[-1].details.generated_tokens == 24
+    assert events[-1].details.finish_reason.value == "length"
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_text_generation_details_are_exact(gateway: str, engine: Engine, prompt: str) -> None:
+    truth = _greedy(engine, prompt, 24)
+    reported = truth["choices"][0]["logprobs"]["content"]
+    answer = TGIClient(gateway, timeout=60).generate(prompt, max_new_tokens=24, top_n_tokens=1)
+    details = answer.details
+    assert answer.generated_text == truth["choices"][0]["text"]
+    assert details.generated_tokens == 24 == len(details.tokens)
+    assert [t.id for t in details.tokens if t.id != -1] == [t["id"] for t in reported]
+    assert [round(t.logprob, 4) for t in details.tokens if t.id != -1] == \
+        [round(t["logprob"], 4) for t in reported]
+    merged = [t for t in details.tokens if t.id == -1]
+    assert all(t.text == "" and t.logprob is None for t in merged)
+    assert "".join(t.text for t in details.tokens) == answer.generated_text
+    assert len(details.top_tokens) == 24
+
+
+def test_slots_are_the_replicas_concurrency_limit(gateway: str, engine: Engine) -> None:
+    """/props total_slots: a fifth request waits in the gateway's queue, not in the engine."""
+    replica = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"][0]
+    assert replica["max_concurrent_requests"] == SLOTS
+    results: list[int] = []
+
+    def one() -> None:
+        results.append(_post(gateway, "/v1/completions", {
+            "model": "tiny", "prompt": "slots", "max_tokens": 200, "ignore_eos": True}).status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(SLOTS + 3)]
+    for t in threads:
+        t.start()
+    deferred = 0.0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+        deferred = max(deferred, engine.metric("llamacpp:requests_deferred"))
+        time.sleep(0.02)
+    for t in threads:
+        t.join(120)
+    assert results == [200] * (SLOTS + 3)
+    assert deferred == 0
+
+
+def test_window_is_discovered_and_enforced(gateway: str, engine: Engine) -> None:
+    props = httpx.get(engine.url + "/props").json()
+    per_slot = props["default_generation_settings"]["n_ctx"]
+    replica = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"][0]
+    assert replica["max_model_len"] == per_slot
+    refused = _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "hello " * 400,
+                                                 "max_tokens": 8})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"

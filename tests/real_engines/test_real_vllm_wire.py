@@ -1,0 +1,281 @@
+"""Every wire contract the gateway keeps with vLLM, checked against a real vLLM (CPU build).
+
+One fp32 engine serves the tiny random-weight Llama; the gateway stands in front of it with
+the model's tokenizer and discovers the window (1024) from the engine. Between the two sits a
+recording proxy (``tee``), so each answer the client gets is compared byte for byte with what
+the engine sent for that very request; and with what a client asking the engine directly
+gets (the same events, whatever way vLLM groups tokens into chunks under load).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+from huggingface_hub import InferenceClient
+from text_generation import Client as TGIClient
+
+from engines import Engine, vllm
+from recorded_streams import as_the_client_asked
+from gateway.tokens import ModelTokenizer
+from support import gateway_server
+from tee import Tee, tee
+
+ADMIN = {"authorization": "Bearer real"}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> Iterator[Engine]:
+    with vllm(tiny_model) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def recorder(engine: Engine) -> Iterator[Tee]:
+    with tee(engine.url) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def gateway(recorder: Tee, tiny_model: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
+        {"url": recorder.url, "engine": "vllm", "name": "vllm-0"}]}],
+              "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": "real",
+              "scheduling": {"signals_interval": 0.2}}
+    with gateway_server(tmp_path_factory.mktemp("real-vllm"), config) as (url, _):
+        yield url
+
+
+def _post(base: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=60)
+
+
+BODIES = {
+    "completion": ("/v1/completions", {"model": "tiny", "prompt": "The quick brown fox",
+                                       "max_tokens": 24, "temperature": 0}),
+    "chat": ("/v1/chat/completions", {"model": "tiny", "max_tokens": 24, "temperature": 0,
+                                      "messages": [{"role": "user", "content": "Hello there"}]}),
+}
+
+
+def _events(data: bytes) -> list[bytes]:
+    return [e for e in data.split(b"\n\n") if e]
+
+
+def semantic(data: bytes, stream: bool) -> dict[str, Any]:
+    """What a client reads, whatever the chunking: the text per choice, the first and the
+    terminal chunk, the usage (ids and creation times aside)."""
+    if not stream:
+        body = orjson.loads(data)
+        body.pop("id"), body.pop("created")
+        return body
+    chunks = [orjson.loads(e[6:]) for e in _events(data) if e != b"data: [DONE]"]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        chunk.pop("id"), chunk.pop("created")
+        for choice in chunk["choices"]:
+            piece = choice.get("text") if "text" in choice else choice["delta"].get("content")
+            texts[choice["index"]] = texts.get(choice["index"], "") + (piece or "")
+    terminal = [c for c in chunks if any(ch.get("finish_reason") for ch in c["choices"])]
+    for chunk in terminal:
+        for choice in chunk["choices"]:
+            choice.pop("text", None), choice.get("delta", {}).pop("content", None)
+    return {"texts": texts, "first": chunks[0] if "delta" in str(chunks[0]) else None,
+            "terminal": terminal, "usage": [c["usage"] for c in chunks if c.get("usage")],
+            "done": data.endswith(b"data: [DONE]\n\n")}
+
+
+@pytest.mark.parametrize("kind", list(BODIES))
+@pytest.mark.parametrize("shape", ["whole", "stream", "stream+usage"])
+def test_answers_are_the_engines_byte_for_byte(engine: Engine, recorder: Tee, gateway: str,
+                                               kind: str, shape: str) -> None:
+    path, body = BODIES[kind]
+    body = dict(body)
+    if shape != "whole":
+        body["stream"] = True
+    if shape == "stream+usage":
+        body["stream_options"] = {"include_usage": True}
+    through = _post(gateway, path, body)
+    assert through.status_code == 200, through.text
+    sent = recorder.last("POST", path)
+    assert sent.status == 200
+    if shape == "whole":
+        assert through.content == sent.body
+    else:
+        assert through.content == as_the_client_asked(sent.body, shape == "stream+usage")
+        assert through.content.endswith(b"data: [DONE]\n\n")
+    assert through.headers["content-type"] == sent.headers["content-type"]
+    # And what a client asking the engine directly reads: the same.
+    direct = _post(engine.url, path, body)
+    assert semantic(through.content, shape != "whole") == semantic(direct.content, shape != "whole")
+
+
+def test_many_streams_all_end_whole(gateway: str) -> None:
+    """Concurrent streams (the engine batches them): each ends with its usage and [DONE]."""
+    results: list[bytes] = []
+
+    def one(i: int) -> None:
+        with httpx.stream("POST", gateway + "/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": f"story {i}", "max_tokens": 32, "stream": True,
+                "stream_options": {"include_usage": True}}) as response:
+            results.append(response.read())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 32
+    for data in results:
+        assert data.endswith(b"data: [DONE]\n\n")
+        assert b'"completion_tokens":32' in data
+
+
+def test_openai_client(gateway: str, engine: Engine) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0)
+    kwargs: dict[str, Any] = dict(model="tiny", prompt="Once upon a time", max_tokens=16,
+                                  temperature=0)
+    assert client.completions.create(**kwargs).choices[0].text == \
+        direct.completions.create(**kwargs).choices[0].text
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=16,
+        temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def _engine_greedy(engine: Engine, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The engine's own greedy answer with its token ids and logprobs."""
+    answer = _post(engine.url, "/v1/completions", {
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 0, "return_token_ids": True}).json()
+    return answer["choices"][0]
+
+
+def test_text_generation_client_through_translation(gateway: str, engine: Engine) -> None:
+    """A TGI client on vLLM: the text, token ids and details are the engine's greedy ones."""
+    prompt = "The gateway routes each request"
+    truth = _engine_greedy(engine, prompt, 12)
+    client = TGIClient(gateway, timeout=60)
+    answer = client.generate(prompt, max_new_tokens=12, decoder_input_details=True,
+                             top_n_tokens=2)
+    assert answer.generated_text == truth["text"]
+    details = answer.details
+    assert details.generated_tokens == 12 and details.finish_reason.value == "length"
+    assert [t.id for t in details.tokens] == truth["token_ids"]
+    assert "".join(t.text for t in details.tokens) == truth["text"]
+    assert [round(t.logprob, 4) for t in details.tokens] == \
+        [round(v, 4) for v in truth["logprobs"]["token_logprobs"]]
+    assert details.prefill and details.prefill[0].logprob is None
+    assert all(len(top) == 2 for top in details.top_tokens)
+    events = list(client.generate_stream(prompt, max_new_tokens=12))
+    assert [e.token.id for e in events] == truth["token_ids"]
+    assert "".join(e.token.text for e in events) == truth["text"]
+    assert events[-1].generated_text == truth["text"]
+    assert events[-1].details.generated_tokens == 12
+
+
+def test_huggingface_hub_client(gateway: str, engine: Engine) -> None:
+    prompt = "Please write a short story"
+    truth = _engine_greedy(engine, prompt, 10)
+    client = InferenceClient(gateway, timeout=60)
+    # POST / (TGI's compat route, which this client uses) puts the prompt first, as TGI does.
+    assert client.text_generation(prompt, max_new_tokens=10) == prompt + truth["text"]
+    streamed = "".join(client.text_generation(prompt, max_new_tokens=10, stream=True))
+    assert streamed == truth["text"]
+
+
+def _engine_count(engine: Engine, text: str) -> int:
+    answer = _post(engine.url, "/tokenize", {"model": "tiny", "prompt": text})
+    return answer.json()["count"]
+
+
+def test_window_discovered_and_400_counts_as_the_engine(gateway: str, engine: Engine,
+                                                       tiny_model: Path) -> None:
+    replicas = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"]
+    assert replicas[0]["max_model_len"] == 1024
+    prompt = "the quick brown fox jumps over the lazy dog " * 105
+    prompt_tokens = _engine_count(engine, prompt)
+    assert prompt_tokens == ModelTokenizer.from_dir(tiny_model).count_text(prompt)
+    assert prompt_tokens + 100 > 1024 >= prompt_tokens
+    before = engine.metric("vllm:request_success_total")
+    refused = _post(gateway, "/v1/completions", {"model": "tiny", "prompt": prompt,
+                                                 "max_tokens": 100})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert f"{prompt_tokens}" in error["message"] and "1024" in error["message"]
+    assert engine.metric("vllm:request_success_total") == before  # never reached the engine
+    # The engine itself answers 200 and cuts max_tokens; the gateway keeps OpenAI's 400.
+    direct = _post(engine.url, "/v1/completions", {"model": "tiny", "prompt": prompt,
+                                                   "max_tokens": 100})
+    assert direct.status_code == 200
+    assert direct.json()["usage"]["completion_tokens"] == 1024 - prompt_tokens
+
+
+def test_too_long_prompt_matches_the_engines_own_count(gateway: str, engine: Engine) -> None:
+    """A prompt past the window alone: refused by both, the gateway counting what the
+    engine's tokenizer counts (vLLM's own message stops counting at the window + 1)."""
+    prompt = "the quick brown fox jumps over the lazy dog " * 120
+    direct = _post(engine.url, "/v1/completions", {"model": "tiny", "prompt": prompt,
+                                                   "max_tokens": 1})
+    assert direct.status_code == 400
+    error = direct.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", "input_tokens", 400)
+    assert "value=1025" in error["message"]
+    count = _engine_count(engine, prompt)
+    through = _post(gateway, "/v1/completions", {"model": "tiny", "prompt": prompt,
+                                                 "max_tokens": 1})
+    assert through.status_code == 400
+    assert f"({count} in the prompt, 1 in the completion)" in through.json()["error"]["message"]
+
+
+def test_engine_signals_read_from_the_real_metrics(gateway: str) -> None:
+    """Under load, the gateway's view of the replica carries the engine's own running count
+    and KV use, read from vLLM's /metrics."""
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "load",
+                                               "max_tokens": 64})
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        seen: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            replica = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"][0]
+            seen = replica.get("engine_signals") or {}
+            if (seen.get("running") or 0) > 0 and (seen.get("kv_usage") or 0) > 0:
+                break
+            time.sleep(0.1)
+        assert (seen.get("running") or 0) > 0 and 0 < seen["kv_usage"] <= 1, seen
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+
+
+def test_client_disconnect_frees_the_engine(gateway: str, engine: Engine) -> None:
+    with httpx.stream("POST", gateway + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": "a long one", "max_tokens": 1000, "stream": True,
+            "ignore_eos": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert engine.metric("vllm:num_requests_running") == 1
+    deadline = time.monotonic() + 2
+    while engine.metric("vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the engine still runs the abandoned request"
+        time.sleep(0.02)
