@@ -37,6 +37,8 @@ from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
 from gateway.fleet.model import build_models
 from gateway.canary.guard import CanaryGuard
+from gateway.canary.fleet_samples import FleetSamples
+from gateway.canary.sample_source import SampleSource
 from gateway.canary.samples import SampleBook
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
@@ -77,10 +79,20 @@ class Gateway:
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
         canary = settings.canary
         self.samples = SampleBook(canary.judge.samples_per_pool)  # for the canary verdict
-        self.guard = CanaryGuard(self.models, self.samples, self.weights, self.canary_metrics,
-                                 canary.judge, canary.check_every, canary.auto_rollback)
+        # redis_url: the verdict judges the fleet's samples, sent in the background.
+        self.fleet_samples = (FleetSamples(self.shared.redis,
+                                           SharedKeys(settings.redis_key_prefix),
+                                           canary.judge.fleet_samples_per_pool,
+                                           canary.samples_sync_interval, settings.redis_timeout,
+                                           self.shared.name)
+                              if self.shared is not None else None)
+        self.canary_samples = SampleSource(self.samples, self.fleet_samples)
+        self.guard = CanaryGuard(self.models, self.canary_samples, self.weights,
+                                 self.canary_metrics, canary.judge, canary.check_every,
+                                 canary.auto_rollback)
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
-                                   canary.disagreements_kept)
+                                   canary.disagreements_kept, self.samples,
+                                   canary.judge.agreement.prefix_chars)
         self.shadows = Shadows(self.router, lambda: self.relay, self.canary_metrics,
                                self.agreement, canary.max_shadow_in_flight)
         scheduling = settings.scheduling
@@ -132,6 +144,9 @@ class Gateway:
             self.weights.share(self.shared.redis, SharedKeys(self.settings.redis_key_prefix),
                                self.settings.canary.weights_sync_interval)
             self._tasks.append(asyncio.create_task(self.weights.run(), name="pool-weights"))
+        if self.fleet_samples is not None:
+            self._tasks.append(asyncio.create_task(self.fleet_samples.run(),
+                                                   name="canary-samples"))
         await self.access.start(self.metrics)
         if self.guard.needed:  # judges every canary; rolls back only with auto_rollback
             self._tasks.append(asyncio.create_task(self.guard.run(), name="canary-guard"))
@@ -194,6 +209,8 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.fleet_samples is not None:
+            await self.fleet_samples.close()
         if self.shared is not None:
             await self.shared.close()
         await self.access.close()

@@ -16,8 +16,8 @@ SUBCOMMANDS = {
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
     "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
     "keys": ("gateway.access.cli", "make API key secrets and their sha256 for `auth.keys`"),
-    "canary": ("gateway.canary.report", "the canary verdict of a running gateway (exit 0 pass, "
-               "1 fail, 2 insufficient data)"),
+    "canary": ("gateway.canary.cli", "the canary verdict of a running gateway (report; exit 0 "
+               "pass, 1 fail, 2 insufficient data, 3 marginal) and a step-by-step rollout"),
 }
 
 
@@ -27,13 +27,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="LLM-aware HTTP gateway in front of one-engine-per-GPU replicas.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    add_commands(sub, SUBCOMMANDS, "run")
+    return parser
+
+
+def add_commands(sub: argparse._SubParsersAction, commands: dict[str, tuple[str, str]],
+                 run_attribute: str) -> None:
+    """One subcommand per module (its docstring the description, its ``add_arguments``
+    and ``run``); ``run`` is set as ``args.<run_attribute>``."""
+    for name, (module_name, help_text) in commands.items():
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(command)
-        command.set_defaults(run=module.run)
-    return parser
+        command.set_defaults(**{run_attribute: module.run})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,6 +80,10 @@ class ModelConfig(_Strict):
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
     default_output_tokens: int = Field(256, ge=1)
+    # A prompt that fits the window but asks for more output than is left: `reject` answers
+    # 400 context_length_exceeded (OpenAI's rule); `cap` serves it with max_tokens lowered
+    # to what the window holds (what vLLM does by itself since 0.x). Needs `tokenizer`.
+    output_past_window: Literal["reject", "cap"] = "reject"
     pools: list[PoolConfig] | None = None
     replicas: list[ReplicaConfig] | None = None
 
@@ -196,6 +200,23 @@ class CanaryThresholds(_Strict):
                                      "percentage points")
 
 
+class CanaryAgreementConfig(_Strict):
+    """Output agreement of a shadow pool's greedy pairs, judged (gateway/canary/judge.py):
+    against a floor, or, with ``reference``, as a drop against the agreement of a reference
+    shadow pool (the baseline's own engine: its greedy answers are not bit-stable either)."""
+
+    floor: float = Field(0.9, ge=0, le=1, description="greedy agreement below it: fail when "
+                         "significantly so, else marginal (without a reference)")
+    prefix_floor: float = Field(0.95, ge=0, le=1, description="the same for prefix agreement "
+                                "(the first prefix_chars characters identical)")
+    prefix_chars: int = Field(64, ge=1, description="characters compared for prefix agreement")
+    reference: str | None = Field(None, min_length=1, description="a pool shadowing the same "
+                                  "pool as the canary: judge the canary's drop against its "
+                                  "agreement instead of the floors")
+    max_drop_points: float = Field(5.0, ge=0, le=100, description="with reference: how many "
+                                   "points below the reference's agreement the canary may be")
+
+
 class CanaryJudgeConfig(_Strict):
     """The verdict (gateway/canary/judge.py; Kayenta's scoring)."""
 
@@ -206,12 +227,16 @@ class CanaryJudgeConfig(_Strict):
     window: float = Field(1800.0, gt=0, description="seconds of recent requests judged "
                           "(default 30 min)")
     thresholds: CanaryThresholds = CanaryThresholds()
-    critical: list[Literal["ttft", "itl", "e2e", "tokens_per_s", "error_rate"]] = Field(
-        default_factory=lambda: ["ttft", "error_rate"], description="a failing critical "
-        "metric fails the canary")
+    agreement: CanaryAgreementConfig = CanaryAgreementConfig()
+    critical: list[Literal["ttft", "itl", "e2e", "tokens_per_s", "error_rate", "agreement",
+                           "prefix_agreement"]] = Field(
+        default_factory=lambda: ["ttft", "error_rate", "agreement"], description="a failing "
+        "critical metric fails the canary")
     pass_score: float = Field(75.0, ge=0, le=100)
     marginal_score: float = Field(50.0, ge=0, le=100)
     samples_per_pool: int = Field(5000, ge=10, description="recent requests kept per pool")
+    fleet_samples_per_pool: int = Field(20000, ge=10, description="with redis_url: recent "
+                                        "requests of the whole fleet kept per pool in Redis")
 
 
 class CanaryConfig(_Strict):
@@ -227,9 +252,16 @@ class CanaryConfig(_Strict):
                                     "for GET /admin/canary/{model}/disagreements")
     weights_sync_interval: float = Field(1.0, gt=0, description="with redis_url: seconds "
                                          "between reads of the shared pool weights")
+    samples_sync_interval: float = Field(1.0, gt=0, le=60, description="with redis_url: "
+                                         "seconds between sends of this instance's request "
+                                         "samples to the fleet's store")
     judge: CanaryJudgeConfig = CanaryJudgeConfig()
     auto_rollback: bool = Field(False, description="a failing canary's weight is set to 0 "
                                 "(logged, counted, shown in /admin); never a promotion")
+    gate_token: str | None = Field(None, min_length=16, description="a read-only bearer "
+                                   "token for the verdict alone (GET /admin/canary/{model}, "
+                                   "the Flagger gate; also accepted as the webhook's "
+                                   "metadata.token): pipelines need not hold admin_token")
     check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts "
                                "(exported as llm_gateway_canary_verdict; rollbacks only with "
                                "auto_rollback)")

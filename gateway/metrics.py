@@ -519,6 +519,13 @@ class CanaryMetrics:
         self.score = Gauge("llm_gateway_canary_score", "The canary guard's last score (0-100; "
                            "NaN while data is insufficient).", ("model", "baseline", "canary"),
                            multiprocess_mode="livemostrecent", registry=r)
+        self.agreement = Gauge("llm_gateway_canary_agreement_ratio",
+                               "The canary guard's last judged output agreement of a shadow "
+                               "pool (metric: agreement or prefix_agreement; bound: estimate, "
+                               "low and high of its interval, required: the floor or the "
+                               "reference's agreement less the allowed drop).",
+                               ("model", "baseline", "canary", "metric", "bound"),
+                               multiprocess_mode="livemostrecent", registry=r)
         self.rollbacks = Counter("llm_gateway_canary_rollbacks",
                                  "Canary pools whose weight the automatic guard set to 0 "
                                  "after a failing verdict.", ("model", "pool"), registry=r)
@@ -526,6 +533,11 @@ class CanaryMetrics:
                              "Primary/shadow pairs whose generated texts were compared, by "
                              "result (agreed: the same text) and greedy (temperature 0).",
                              ("model", "pool", "greedy", "result"), registry=r)
+        self.prefix_agreed = Counter("llm_gateway_shadow_pairs_prefix_agreed",
+                                     "Compared pairs whose texts agree on their first "
+                                     "canary.judge.agreement.prefix_chars characters (the "
+                                     "prefix agreement the verdict judges).",
+                                     ("model", "pool", "greedy"), registry=r)
         self.pairs_dropped = Counter("llm_gateway_shadow_pairs_dropped",
                                      "Primary/shadow pairs not compared, by reason.",
                                      ("model", "pool", "reason"), registry=r)
@@ -545,6 +557,7 @@ class CanaryMetrics:
         for reason in PAIR_DROP_REASONS:
             self.pairs_dropped.labels(model, pool, reason)
         for greedy in ("true", "false"):
+            self.prefix_agreed.labels(model, pool, greedy)
             for result in ("agreed", "disagreed"):
                 self.pairs.labels(model, pool, greedy, result)
 

@@ -121,6 +121,19 @@ def _fits(model: ServedModel, replica: Replica, prompt_tokens: int,
     return prompt_tokens + max_tokens <= window
 
 
+def _capped(model: ServedModel, request: GenerationRequest, candidates: list[Replica],
+            prompt_tokens: int) -> tuple[list[Replica], int | None]:
+    """``output_past_window: cap``: the replicas with the most room after the prompt, and
+    the request's max_tokens lowered to that room (none when the prompt alone is too long)."""
+    room = {id(r): model.window(r) - prompt_tokens for r in candidates  # type: ignore[operator]
+            if model.window(r) is not None and _fits(model, r, prompt_tokens, None)}
+    if not room:
+        return [], request.max_tokens
+    most = max(room.values())
+    request.cap_output(most)
+    return [r for r in candidates if room.get(id(r)) == most], most
+
+
 def admit(model: ServedModel, request: GenerationRequest,
           candidates: list[Replica]) -> Admission:
     """Check the window against ``candidates``; raise ContextLengthExceeded when none fits."""
@@ -149,6 +162,9 @@ def admit(model: ServedModel, request: GenerationRequest,
     counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
+    if not fitting and model.cap_output and max_tokens is not None:
+        fitting, max_tokens = _capped(model, request, candidates, longest)
+        output_tokens = max_tokens * fanout
     if not fitting:
         windows = [w for w in (model.window(r) for r in candidates) if w is not None]
         limit = max(windows) if windows else longest

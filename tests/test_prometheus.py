@@ -13,7 +13,6 @@ panel still returns a number, and those four show what happened.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import math
 import re
@@ -30,7 +29,8 @@ import yaml
 
 from gateway.access.secret import hash_secret
 
-from support import ROOT, free_port, running, sim, stop, wait_ready
+from prometheus_support import prometheus
+from support import ROOT, free_port, running, sim
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
@@ -99,29 +99,6 @@ def test_dashboards_use_a_datasource_variable_never_a_fixed_uid() -> None:
 
 
 # --- live: Prometheus scraping the gateway under traffic ---
-
-@contextlib.contextmanager
-def prometheus(tmp: Path, gateway: str, engines: list[str]) -> Iterator[str]:
-    """The shipped scrape config with the test's targets, scraped every second."""
-    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
-    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    jobs["llm-gateway"]["static_configs"] = [{"targets": [gateway.split("//")[1]]}]
-    jobs["llm-engines"]["static_configs"] = [{"targets": [e.split("//")[1] for e in engines]}]
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/-/ready", timeout=60, proc=proc)
-        yield url
-    finally:
-        stop(proc, timeout=20)
-
 
 def query(prom: str, expr: str) -> list[dict[str, Any]]:
     reply = httpx.get(prom + "/api/v1/query", params={"query": expr}, timeout=10).json()
@@ -285,6 +262,13 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
                     assert len(got) == len(replicas), (title, got)
                 if title in AGREEMENT_PANELS:  # the shadow engine generates the same text
                     assert got == [1.0], (title, got)
+            # The guard's judged agreement of the shadow pool (greedy TGI pairs): all agree,
+            # against the default floor.
+            judged = {(r["metric"]["metric"], r["metric"]["bound"]): float(r["value"][1])
+                      for r in query(prom, 'llm_gateway_canary_agreement_ratio{canary="shadow"}')}
+            assert judged[("agreement", "estimate")] == 1.0, judged
+            assert judged[("agreement", "required")] == 0.9
+            assert judged[("agreement", "low")] < 1.0 == judged[("agreement", "high")]
 
             # In trouble: the same panels, now with what happened.
             for _ in range(2):

@@ -104,3 +104,33 @@ def test_without_tokenizer_only_certain_overflows_are_rejected() -> None:
 def test_expected_output_without_max_tokens_is_the_documented_estimate(tokenizer) -> None:
     model = served(tokenizer, [8192])
     assert admit(model, completion("hi", None), model.replicas).cost.output_tokens == 256
+
+
+def test_cap_serves_output_past_the_window_with_max_tokens_lowered(
+        tokenizer: ModelTokenizer) -> None:
+    """``output_past_window: cap``: the prompt fits, the output asked for does not: served by
+    the replica with the most room, with max_tokens lowered to that room in the body the
+    engine gets (OpenAI and TGI); a prompt too long alone is still a 400."""
+    prompt_tokens = tokenizer.count_text(PROMPT, add_special_tokens=True)
+    model = served(tokenizer, [prompt_tokens + 20, prompt_tokens + 30])
+    model.cap_output = True
+    request = completion(PROMPT, 100)
+    admitted = admit(model, request, model.replicas)
+    assert [r.name for r in admitted.replicas] == ["r1"]
+    assert request.max_tokens == 30 and orjson.loads(request.raw)["max_tokens"] == 30
+    assert admitted.cost.output_tokens == 30
+    chat_request = parse_chat(orjson.dumps({"model": "m", "max_completion_tokens": 500,
+                                            "messages": [{"role": "user", "content": PROMPT}]}))
+    admit(model, chat_request, model.replicas)
+    assert "max_tokens" not in orjson.loads(chat_request.raw)
+    assert orjson.loads(chat_request.raw)["max_completion_tokens"] == chat_request.max_tokens < 500
+    tgi = parse_generate(orjson.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 99}}),
+                         False)
+    admit(model, tgi, model.replicas)
+    assert orjson.loads(tgi.raw)["parameters"]["max_new_tokens"] == tgi.max_tokens < 99
+    with pytest.raises(ContextLengthExceeded):  # the prompt alone does not fit
+        admit(served(tokenizer, [prompt_tokens]), completion(PROMPT, 5),
+              served(tokenizer, [prompt_tokens]).replicas)
+    model.cap_output = False  # the default: OpenAI's 400
+    with pytest.raises(ContextLengthExceeded):
+        admit(model, completion(PROMPT, 100), model.replicas)

@@ -15,23 +15,47 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canary.report import CanaryError, judge_model
+from gateway.canary.judging import CanaryError, judge_records, plan, since
 from gateway.config import Engine
 from gateway.fleet.replica import Replica
 
 router = APIRouter(prefix="/admin")
 
 
+def _bearer(request: Request) -> str | None:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return given if scheme.lower() == "bearer" else None
+
+
+def _matches(given: str | None, token: str | None) -> bool:
+    return (given is not None and token is not None
+            and secrets.compare_digest(given.encode(), token.encode()))
+
+
 def _authorized(request: Request) -> None:
     token = request.app.state.gateway.settings.admin_token
     if token is None:
         raise HTTPException(404, "Not Found")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+    if not _matches(_bearer(request), token):
         raise HTTPException(401, "admin token required (Authorization: Bearer ...)",
                             headers={"www-authenticate": "Bearer"})
+
+
+def _may_read_verdict(request: Request, given: str | None = None) -> None:
+    """The admin token, or the read-only ``canary.gate_token`` (as a bearer, or ``given``:
+    a Flagger webhook's metadata.token, since Flagger sends no headers)."""
+    settings = request.app.state.gateway.settings
+    gate = settings.canary.gate_token
+    if settings.admin_token is None and gate is None:
+        raise HTTPException(404, "Not Found")
+    bearer = _bearer(request)
+    if not (_matches(bearer, settings.admin_token) or _matches(bearer, gate)
+            or _matches(given, gate)):
+        raise HTTPException(401, "admin or canary gate token required (Authorization: "
+                            "Bearer ...)", headers={"www-authenticate": "Bearer"})
 
 
 class NewReplica(BaseModel):
@@ -154,23 +178,76 @@ async def set_pool_weight(request: Request, model: str, pool: str,
     return _describe_pool(gateway.models[model], target)
 
 
-@router.get("/canary/{model}", dependencies=[Depends(_authorized)])
-async def canary_verdict(request: Request, model: str, baseline: str | None = None,
-                         canary: str | None = None,
-                         window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
-    """The canary verdict over the last ``window`` seconds (gateway/canary/judge.py)."""
+async def _verdict(request: Request, model: str, baseline: str | None, canary: str | None,
+                   reference: str | None, window: float | None) -> dict[str, Any]:
     gateway = request.app.state.gateway
     served = gateway.models.get(model)
     if served is None:
         raise HTTPException(404, f"no model named {model!r}")
-    try:  # the statistics sort every sample: off the event loop
-        result = await asyncio.to_thread(judge_model, gateway.samples, served,
-                                         gateway.settings.canary.judge, baseline, canary,
-                                         window)
+    config = gateway.settings.canary.judge
+    try:
+        judged = plan(served, config, baseline, canary, reference)
     except CanaryError as exc:
         raise HTTPException(400, str(exc)) from None
-    return {**result, "auto_rollback": gateway.settings.canary.auto_rollback,
+    window = window or config.window
+    records, source = await gateway.canary_samples.read(judged, since(window))
+    # The statistics sort every sample: off the event loop.
+    result = await asyncio.to_thread(judge_records, judged, records, config, window)
+    return {**result, "samples": source,
+            "auto_rollback": gateway.settings.canary.auto_rollback,
             "rollbacks": gateway.guard.rollbacks.get(model, [])}
+
+
+@router.get("/canary/{model}", dependencies=[Depends(_may_read_verdict)])
+async def canary_verdict(request: Request, model: str, baseline: str | None = None,
+                         canary: str | None = None, reference: str | None = None,
+                         window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
+    """The canary verdict over the last ``window`` seconds (gateway/canary/judging.py)."""
+    return await _verdict(request, model, baseline, canary, reference, window)
+
+
+class GateCall(BaseModel):
+    """A Flagger webhook's payload; the gateway reads only ``metadata`` (strings)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    namespace: str | None = None
+    phase: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+GATE_OPTIONS = ("baseline", "canary", "reference", "window")
+
+
+@router.post("/canary/{model}/gate")
+async def canary_gate(request: Request, model: str, call: GateCall | None = None,
+                      baseline: str | None = None, canary: str | None = None,
+                      reference: str | None = None,
+                      window: float | None = Query(None, gt=0, le=7 * 86400)) -> JSONResponse:
+    """A gate for pipelines (Flagger's rollout webhook): 200 when the canary passes, 412
+    otherwise, with the verdict in the body. Options in the query or the webhook's
+    metadata (baseline, canary, reference, window)."""
+    meta = call.metadata if call is not None else {}
+    _may_read_verdict(request, meta.get("token"))
+    unknown = set(meta) - {"token", *GATE_OPTIONS}
+    if unknown:
+        raise HTTPException(400, f"unknown metadata: {', '.join(sorted(unknown))} (known: "
+                            f"token, {', '.join(GATE_OPTIONS)})")
+    if "window" in meta:
+        try:
+            window = float(meta["window"])
+        except ValueError:
+            raise HTTPException(400, "metadata.window must be seconds (a number)") from None
+        if not 0 < window <= 7 * 86400:
+            raise HTTPException(400, "metadata.window must be in (0, 604800] seconds")
+    result = await _verdict(request, model, meta.get("baseline", baseline),
+                            meta.get("canary", canary), meta.get("reference", reference), window)
+    failed = [m["metric"] for m in result["metrics"] if m["class"] == "fail"]
+    body = {"verdict": result["verdict"], "score": result["score"], "model": model,
+            "baseline": result["baseline"], "canary": result["canary"],
+            "requests": result["requests"], "failed": failed, "samples": result["samples"]}
+    return JSONResponse(body, status_code=200 if result["verdict"] == "pass" else 412)
 
 
 @router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])

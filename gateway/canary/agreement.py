@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from gateway.canary.samples import PairSample, SampleBook
 from gateway.metrics import CanaryMetrics
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
@@ -186,10 +187,13 @@ class Pair:
 class Agreement:
     """Pairs of one gateway: counts, and the last disagreements per model."""
 
-    def __init__(self, metrics: CanaryMetrics, max_chars: int, kept: int) -> None:
+    def __init__(self, metrics: CanaryMetrics, max_chars: int, kept: int,
+                 samples: SampleBook | None = None, prefix_chars: int = 64) -> None:
         self.metrics = metrics
         self.max_chars = max_chars
         self.kept = kept
+        self.samples = samples  # each pair's result, for the verdict's agreement metrics
+        self.prefix_chars = prefix_chars
         self.disagreements: dict[str, deque[dict[str, Any]]] = {}
         self.counts: dict[tuple[str, str], dict[str, int]] = {}  # (model, pool) -> result -> n
 
@@ -214,13 +218,22 @@ class Agreement:
         if reason is not None:
             self.metrics.pairs_dropped.labels(pair.model, pair.pool, reason).inc()
             self._count(pair, f"dropped_{reason}")
+            if self.samples is not None:
+                self.samples.paired(pair.model, pair.pool,
+                                    PairSample(time.time(), pair.greedy, False, False, False))
             return
         a, b = pair.primary.text, pair.shadow.text
         agreed = a == b
         prefix = len(os.path.commonprefix([a, b]))
+        prefix_agreed = prefix >= min(self.prefix_chars, max(len(a), len(b)))
         result = "agreed" if agreed else "disagreed"
-        self.metrics.pairs.labels(pair.model, pair.pool, "true" if pair.greedy else "false",
-                                  result).inc()
+        greedy = "true" if pair.greedy else "false"
+        self.metrics.pairs.labels(pair.model, pair.pool, greedy, result).inc()
+        if prefix_agreed:
+            self.metrics.prefix_agreed.labels(pair.model, pair.pool, greedy).inc()
+        if self.samples is not None:
+            self.samples.paired(pair.model, pair.pool,
+                                PairSample(time.time(), pair.greedy, True, agreed, prefix_agreed))
         self.metrics.common_prefix.labels(pair.model, pair.pool).observe(
             prefix / max(len(a), len(b)) if a or b else 1.0)
         self._count(pair, result)

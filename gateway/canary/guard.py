@@ -1,10 +1,12 @@
 """The canary guard: judge every canary now and then, and (``auto_rollback``, off by
 default) roll a failing one back, never forward.
 
-Every ``check_every`` seconds it judges each model that has a baseline and a canary pool
-(gateway/canary/judge.py, default pools and window) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
+Every ``check_every`` seconds it judges, over the default window, each model's canaries
+(gateway/canary/judging.py: each weighted pool against the baseline, each shadow pool against
+the pool it shadows) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
 {model, baseline, canary, metric} (-1 insufficient data, 0 pass, 1 marginal, 2 fail; metric
-"verdict" is the overall one) and ``llm_gateway_canary_score``. With ``auto_rollback`` a
+"verdict" is the overall one), ``llm_gateway_canary_score`` and, for shadow pools, the judged
+agreement with its interval and the least it may be (``llm_gateway_canary_agreement_ratio``). With ``auto_rollback`` a
 ``fail`` sets the canary's weight to 0 through the runtime weights (shared with every
 instance through Redis), says so in the log, in ``llm_gateway_canary_rollbacks_total
 {model,pool}`` and in ``/admin`` (``GET /admin/canary/{model}`` lists the rollbacks). It
@@ -19,9 +21,10 @@ import logging
 import time
 from typing import Any
 
+from gateway.canary.agreement_verdict import AGREEMENT_METRICS
 from gateway.canary.judge import GAUGE_CODES
-from gateway.canary.report import CanaryError, choose_pools, judge_model
-from gateway.canary.samples import SampleBook
+from gateway.canary.judging import CanaryError, Plan, canaries, judge_records, plan, since
+from gateway.canary.sample_source import SampleSource
 from gateway.canary.weights import PoolWeights
 from gateway.config import CanaryJudgeConfig
 from gateway.fleet.model import ServedModel
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class CanaryGuard:
-    def __init__(self, models: dict[str, ServedModel], samples: SampleBook,
+    def __init__(self, models: dict[str, ServedModel], samples: SampleSource,
                  weights: PoolWeights, metrics: CanaryMetrics, config: CanaryJudgeConfig,
                  check_every: float, auto_rollback: bool = False) -> None:
         self.models = models
@@ -52,20 +55,32 @@ class CanaryGuard:
         """Is there anything to judge (a model with two pools)?"""
         return any(len(m.pools) > 1 for m in self.models.values())
 
-    def judge_all(self) -> list[tuple[str, str, str, dict[str, Any]]]:
-        """(model, baseline, canary, judgment) of every model with a canary. Only reads:
-        safe in a worker thread."""
+    def plans(self) -> list[Plan]:
+        """Every (baseline, canary) the guard judges."""
         out = []
         for model in self.models.values():
-            if len(model.pools) < 2:
-                continue
-            try:
-                baseline, canary = choose_pools(model, None, None)
-            except CanaryError:
-                continue
-            out.append((model.name, baseline, canary,
-                        judge_model(self.samples, model, self.config, baseline, canary)))
+            for baseline, canary in canaries(model, self.config.agreement.reference):
+                try:
+                    out.append(plan(model, self.config, baseline, canary))
+                except CanaryError:
+                    continue
         return out
+
+    async def judge_all(self) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """(model, baseline, canary, judgment) of every canary; the statistics run in a
+        worker thread."""
+        window = self.config.window
+        jobs = []
+        for judged in self.plans():
+            records, source = await self.samples.read(judged, since(window))
+            jobs.append((judged, records, source))
+
+        def judge() -> list[tuple[str, str, str, dict[str, Any]]]:
+            return [(j.model, j.baseline, j.canary,
+                     {**judge_records(j, records, self.config, window), "samples": source})
+                    for j, records, source in jobs]
+
+        return await asyncio.to_thread(judge)
 
     def apply(self, judged: list[tuple[str, str, str, dict[str, Any]]]) -> None:
         """Export the classes; roll back failing weighted canaries if asked to (event loop)."""
@@ -76,10 +91,30 @@ class CanaryGuard:
             self.metrics.verdict.labels(*labels, "verdict").set(GAUGE_CODES[result["verdict"]])
             self.metrics.score.labels(*labels).set(
                 result["score"] if result["score"] is not None else float("nan"))
+            for m in result["metrics"]:
+                if m["metric"] in AGREEMENT_METRICS:
+                    self._agreement(labels, m)
             pool = self.weights.pool(model, canary)
             if (self.auto_rollback and result["verdict"] == "fail" and pool.shadow_of is None
-                    and pool.weight > 0):
+                    and pool.weight > 0 and self._others_serve(model, canary)):
                 self.roll_back(model, baseline, canary, result)
+
+    def _others_serve(self, model: str, canary: str) -> bool:
+        """Another primary pool takes traffic: a promoted canary (the baseline at weight 0)
+        is never set to 0 too, which would leave the model no pool to serve it."""
+        return any(p.weight > 0 and p.shadow_of is None and p.name != canary
+                   for p in self.models[model].pools)
+
+    def _agreement(self, labels: tuple[str, str, str], m: dict[str, Any]) -> None:
+        """The judged agreement, its interval and the least it may be (NaN: no pairs yet)."""
+        nan = float("nan")
+        low, high = m.get("canary_ci", (nan, nan))
+        least = (m["baseline_rate"] - m["threshold"] / 100 if m.get("reference")
+                 else m["threshold"]) if "baseline_rate" in m else nan
+        gauge = self.metrics.agreement
+        for bound, value in (("estimate", m.get("canary_rate", nan)), ("low", low),
+                             ("high", high), ("required", least)):
+            gauge.labels(*labels, m["metric"], bound).set(value)
 
     def roll_back(self, model: str, baseline: str, canary: str,
                   result: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +136,6 @@ class CanaryGuard:
         while True:
             await asyncio.sleep(self.check_every)
             try:
-                self.apply(await asyncio.to_thread(self.judge_all))
+                self.apply(await self.judge_all())
             except Exception:  # a round that fails must not stop the guard
                 log.exception("canary guard: check failed")

@@ -15,6 +15,7 @@ The overall verdict follows Kayenta's judge: a score of 0-100 from the classes (
 marginal 1/2), ``pass`` at ``pass_score`` or above, ``fail`` below ``marginal_score``,
 ``marginal`` between; a critical metric that fails fails the canary whatever the score.
 Fewer than ``min_samples`` requests on either side is ``insufficient data``, never a pass.
+A shadow canary is also judged on its output agreement (gateway/canary/agreement_verdict.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from gateway.canary.samples import Sample
+from gateway.canary.agreement_verdict import AGREEMENT_METRICS, judge_agreement, pair_counts
+from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
 from gateway.config import CanaryJudgeConfig
 
@@ -38,30 +40,43 @@ def _values(samples: Sequence[Sample], field: str) -> list[float]:
     return [v for s in samples if not s.error and (v := getattr(s, field)) is not None]
 
 
+def _class(worse: float, p: float, threshold: float, config: CanaryJudgeConfig) -> str:
+    """fail: significantly worse by more than the threshold; marginal: worse by more, not
+    significantly; pass otherwise."""
+    significant = p < config.significance and worse > 0
+    return ("fail" if significant and worse > threshold else
+            "marginal" if worse > threshold else "pass")
+
+
+def latency_header(name: str, baseline_n: int, canary_n: int,
+                   config: CanaryJudgeConfig) -> dict[str, Any]:
+    return {"metric": name, "baseline_n": baseline_n, "canary_n": canary_n,
+            "threshold": getattr(config.thresholds, name), "critical": name in config.critical}
+
+
+def classify_change(out: dict[str, Any], change: float, p: float,
+                    config: CanaryJudgeConfig) -> str:
+    """A latency or throughput metric's class from its relative change of the median."""
+    return _class(LATENCY_METRICS[out["metric"]][1] * change, p, out["threshold"], config)
+
+
 def judge_latency(name: str, baseline: Sequence[Sample], canary: Sequence[Sample],
                   config: CanaryJudgeConfig) -> dict[str, Any]:
-    field, worse_sign = LATENCY_METRICS[name]
+    field = LATENCY_METRICS[name][0]
     a, b = _values(baseline, field), _values(canary, field)
-    out: dict[str, Any] = {"metric": name, "baseline_n": len(a), "canary_n": len(b),
-                           "threshold": getattr(config.thresholds, name),
-                           "critical": name in config.critical}
+    out = latency_header(name, len(a), len(b), config)
     if len(a) < config.min_samples or len(b) < config.min_samples:
         return {**out, "class": "insufficient data"}
     change, low, high = median_change(a, b, 1 - config.significance)
     _, p = mann_whitney(a, b)
-    worse = worse_sign * change
-    threshold = out["threshold"]
-    significant = p < config.significance and worse > 0
-    cls = ("fail" if significant and worse > threshold else
-           "marginal" if worse > threshold else "pass")
     return {**out, "baseline_median": statistics.median(a), "canary_median": statistics.median(b),
-            "change": change, "change_ci": [low, high], "p_value": p, "class": cls}
+            "change": change, "change_ci": [low, high], "p_value": p,
+            "class": classify_change(out, change, p, config)}
 
 
-def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
-                 config: CanaryJudgeConfig) -> dict[str, Any]:
-    n_a, n_b = len(baseline), len(canary)
-    e_a, e_b = sum(s.error for s in baseline), sum(s.error for s in canary)
+def judge_error_counts(e_a: int, n_a: int, e_b: int, n_b: int,
+                       config: CanaryJudgeConfig) -> dict[str, Any]:
+    """The error rate from counts: errors and requests (served + failed) per side."""
     threshold = config.thresholds.error_rate_points
     out: dict[str, Any] = {"metric": "error_rate", "baseline_n": n_a, "canary_n": n_b,
                            "threshold": threshold, "critical": "error_rate" in config.critical}
@@ -70,33 +85,50 @@ def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
     rate_a, rate_b = e_a / n_a, e_b / n_b
     points = 100 * (rate_b - rate_a)
     p = two_proportions(e_a, n_a, e_b, n_b)
-    significant = p < config.significance and points > 0
-    cls = ("fail" if significant and points > threshold else
-           "marginal" if points > threshold else "pass")
     return {**out, "baseline_rate": rate_a, "canary_rate": rate_b, "change_points": points,
-            "p_value": p, "class": cls}
+            "p_value": p, "class": _class(points, p, threshold, config)}
 
 
-def verdict(baseline: Sequence[Sample], canary: Sequence[Sample],
-            config: CanaryJudgeConfig) -> dict[str, Any]:
-    """Every metric's judgment, the score and the overall verdict."""
-    metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
-    metrics.append(judge_errors(baseline, canary, config))
-    requests = {"baseline": len(baseline), "canary": len(canary)}
+def judge_errors(baseline: Sequence[Sample], canary: Sequence[Sample],
+                 config: CanaryJudgeConfig) -> dict[str, Any]:
+    return judge_error_counts(sum(s.error for s in baseline), len(baseline),
+                              sum(s.error for s in canary), len(canary), config)
+
+
+def score(metrics: list[dict[str, Any]], requests: dict[str, int],
+          config: CanaryJudgeConfig) -> dict[str, Any]:
+    """The score and the overall verdict from the metrics' classes (Kayenta's scoring)."""
     if min(requests.values()) < config.min_samples:
         return {"verdict": "insufficient data", "score": None, "requests": requests,
                 "min_samples": config.min_samples, "metrics": metrics}
     judged = [m for m in metrics if m["class"] != "insufficient data"]
     points = sum(1.0 if m["class"] == "pass" else 0.5 if m["class"] == "marginal" else 0.0
                  for m in judged)
-    score = round(100 * points / len(judged), 1) if judged else 0.0
+    total = round(100 * points / len(judged), 1) if judged else 0.0
     if any(m["critical"] and m["class"] == "fail" for m in judged):
         overall = "fail"
-    elif score >= config.pass_score:
+    elif total >= config.pass_score:
         overall = "pass"
-    elif score < config.marginal_score:
+    elif total < config.marginal_score:
         overall = "fail"
     else:
         overall = "marginal"
-    return {"verdict": overall, "score": score, "requests": requests,
+    return {"verdict": overall, "score": total, "requests": requests,
             "min_samples": config.min_samples, "metrics": metrics}
+
+
+def verdict(baseline: Sequence[Sample], canary: Sequence[Sample], config: CanaryJudgeConfig,
+            pairs: Sequence[PairSample] | None = None,
+            reference_pairs: Sequence[PairSample] | None = None,
+            reference: str | None = None) -> dict[str, Any]:
+    """Every metric's judgment, the score and the overall verdict. ``pairs``: a shadow
+    canary's pairs (agreement judged; None for a weighted canary); ``reference_pairs``: the
+    reference pool's (the drop judged instead of the floors)."""
+    metrics = [judge_latency(name, baseline, canary, config) for name in LATENCY_METRICS]
+    metrics.append(judge_errors(baseline, canary, config))
+    if pairs is not None:
+        counts = pair_counts(pairs)
+        ref_counts = pair_counts(reference_pairs) if reference_pairs is not None else None
+        metrics += [judge_agreement(name, counts, config, ref_counts, reference)
+                    for name in AGREEMENT_METRICS]
+    return score(metrics, {"baseline": len(baseline), "canary": len(canary)}, config)

@@ -21,6 +21,13 @@ class Pool:
     replicas: list[Replica]
     shadow_of: str | None = None  # canary: gets copies of this pool's requests, no traffic
     sample: float = 0.0  # with shadow_of: the share of requests copied
+    # The weight the config gave it (``weight`` changes at run time, e.g. during a rollout):
+    # the canary verdict's default baseline is the pool configured heaviest.
+    configured_weight: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.configured_weight is None:
+            self.configured_weight = self.weight
 
 
 @dataclass(eq=False)
@@ -30,6 +37,7 @@ class ServedModel:
     tokenizer: ModelTokenizer | None
     max_model_len: int | None  # from config; overrides what replicas report
     default_output_tokens: int
+    cap_output: bool = False  # output_past_window: cap (else reject)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -56,7 +64,7 @@ def build_model(config: ModelConfig) -> ServedModel:
                           pool_config.sample))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
-                       config.default_output_tokens)
+                       config.default_output_tokens, config.output_past_window == "cap")
 
 
 def build_models(settings: Settings) -> dict[str, ServedModel]:

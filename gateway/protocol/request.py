@@ -48,6 +48,19 @@ class GenerationRequest:
     def is_chat(self) -> bool:
         return self.messages is not None
 
+    def cap_output(self, max_tokens: int) -> None:
+        """Ask for at most ``max_tokens`` output tokens, in the body the engine gets too."""
+        self.max_tokens = max_tokens
+        if self.api is Api.TGI:
+            self.body["parameters"]["max_new_tokens"] = max_tokens
+            self.tgi_parameters = None  # parsed again from the body, if translation needs it
+        elif "max_completion_tokens" in self.body:
+            self.body["max_completion_tokens"] = max_tokens
+            self.body.pop("max_tokens", None)
+        else:
+            self.body["max_tokens"] = max_tokens
+        self.raw = orjson.dumps(self.body)
+
 
 SESSION_HEADER = b"x-session-id"
 MAX_SESSION_CHARS = 256  # longer session ids are ignored (the balancer remembers sessions)

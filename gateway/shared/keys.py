@@ -23,6 +23,14 @@ key                                    type    what
                                                persists until undrained)
 ``{p}canary:weights``                  hash    ``"<model>\t<pool>"`` -> weight set at run
                                                time (admin API, canary guard); persists
+``{p}canary:samples:{model}:{pool}``   list    the fleet's latest requests of a pool, for
+                                               the canary verdict (bounded, oldest
+                                               trimmed; model and pool URL-quoted)
+``{p}canary:pairs:{model}:{pool}``     list    the same for a shadow pool's compared pairs
+``{p}canary:rollout:{model}``          hash    the rollout driver's state (step, started,
+                                               state); kept after it ends
+``{p}canary:rollout-lock:{model}``     string  the running driver's id; expires unless it
+                                               renews it (a second driver refuses)
 ``{p}ratelimit:{key name}``            hash    an API key's buckets: requests and tokens
                                                left and when (gateway/access/redis_limits)
 ``{p}ratelimit:{key name}:leases``     zset    its requests in flight; score = lease expiry
@@ -42,6 +50,7 @@ and a replica reachable from one instance but not another must stay usable where
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,18 @@ class SharedKeys:
     @property
     def canary_weights(self) -> str:
         return f"{self.prefix}canary:weights"
+
+    def canary_samples(self, model: str, pool: str) -> str:
+        return f"{self.prefix}canary:samples:{quote(model, safe='')}:{quote(pool, safe='')}"
+
+    def canary_pairs(self, model: str, pool: str) -> str:
+        return f"{self.prefix}canary:pairs:{quote(model, safe='')}:{quote(pool, safe='')}"
+
+    def canary_rollout(self, model: str) -> str:
+        return f"{self.prefix}canary:rollout:{quote(model, safe='')}"
+
+    def canary_rollout_lock(self, model: str) -> str:
+        return f"{self.prefix}canary:rollout-lock:{quote(model, safe='')}"
 
     def rate_limit(self, key_name: str) -> str:
         return f"{self.prefix}ratelimit:{key_name}"

@@ -46,7 +46,7 @@ def gateway(recorder: Tee, tiny_model: Path,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
         {"url": recorder.url, "engine": "llamacpp", "name": "llamacpp-0"}]}],
-              "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": "real"}
+              "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}, "admin_token": "real"}
     with gateway_server(tmp_path_factory.mktemp("real-llamacpp"), config) as (url, _):
         yield url
 

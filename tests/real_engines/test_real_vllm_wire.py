@@ -48,7 +48,7 @@ def gateway(recorder: Tee, tiny_model: Path,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
         {"url": recorder.url, "engine": "vllm", "name": "vllm-0"}]}],
-              "health": {"interval": 0.5, "timeout": 2.0}, "admin_token": "real",
+              "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}, "admin_token": "real",
               "scheduling": {"signals_interval": 0.2}}
     with gateway_server(tmp_path_factory.mktemp("real-vllm"), config) as (url, _):
         yield url
@@ -279,3 +279,56 @@ def test_client_disconnect_frees_the_engine(gateway: str, engine: Engine) -> Non
     while engine.metric("vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.02)
+
+
+def test_output_past_window_cap_serves_as_the_engine_does(engine: Engine, tiny_model: Path,
+                                                          tmp_path: Path) -> None:
+    """``output_past_window: cap``: the gateway serves what vLLM itself would (200, max_tokens
+    cut to the room the prompt leaves) instead of OpenAI's 400."""
+    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model),
+                          "output_past_window": "cap",
+                          "replicas": [{"url": engine.url, "engine": "vllm"}]}]}
+    prompt = "the quick brown fox jumps over the lazy dog " * 105
+    room = 1024 - _engine_count(engine, prompt)
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": room + 50, "temperature": 0}
+    with gateway_server(tmp_path, config) as (url, _):
+        through = _post(url, "/v1/completions", body)
+    direct = _post(engine.url, "/v1/completions", body)
+    assert through.status_code == direct.status_code == 200, through.text
+    assert through.json()["usage"] == direct.json()["usage"]
+    assert through.json()["usage"]["completion_tokens"] == room
+    assert through.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("api", ["openai", "tgi"])
+def test_bench_through_the_gateway_and_straight_to_the_engine(
+        gateway: str, engine: Engine, api: str, tmp_path: Path) -> None:
+    """`llm-gateway bench` on the real engine, through the gateway and directly: every request
+    served, output counted from the engine's own usage on both (the TGI run through the
+    gateway's translation; straight to vLLM only OpenAI is spoken). The tokens/s share is
+    measured this way (README), never asserted here."""
+    import json
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    def bench(url: str, api_: str, out: Path) -> dict[str, Any]:
+        subprocess.run([sys.executable, "-m", "gateway", "bench", url, "--api", api_, "--stream",
+                        "--model", "tiny", "--concurrency", "8", "--requests", "48",
+                        "--output-tokens", "32", "--prompt-tokens", "16", "--json", str(out),
+                        "--no-progress"], cwd=ROOT, check=True, capture_output=True, timeout=600)
+        return json.loads(out.read_text())["levels"][0]["overall"]
+
+    generated_before = engine.metric("vllm:generation_tokens_total")
+    through = bench(gateway, api, tmp_path / "gateway.json")
+    generated_through = engine.metric("vllm:generation_tokens_total") - generated_before
+    direct = bench(engine.url, "openai", tmp_path / "direct.json")
+    generated_direct = (engine.metric("vllm:generation_tokens_total") - generated_before
+                        - generated_through)
+    for run, generated in ((through, generated_through), (direct, generated_direct)):
+        assert run["ok"] == run["requests"] == 48 and not run["errors"], run
+        # Counted from the engine's own usage (some answers end early on the random
+        # weights' end-of-sequence token): what the engine says it generated.
+        assert run["output_tokens"] == generated > 0
+        assert run["output_tokens_per_s"] > 0
