@@ -86,6 +86,8 @@ ABLATIONS = (f"{DEFAULT}:prefix_weight=0", f"{DEFAULT}:signals_weight=0")
 TIMING_MODELS = {
     "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4},
     "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0},
+    # held out: vLLM V1's own scheduler (gateway/sim/vllm_v1.py), step time fitted
+    "llama3-8b-h100-vllm-v1": {"W1": 63.0, "W2": 45.7, "W3": 33.9},
 }
 DEFAULT_PROFILE = "llama3-8b-a100"
 

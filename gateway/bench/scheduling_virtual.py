@@ -5,8 +5,9 @@
         [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
         [--compare ROW]
 
-The same seeded schedules as ``gateway.bench.scheduling`` and the same timing model of the
-simulated replicas (``gateway.sim.engine.BatchScheduler``), driven event by event: each
+The same seeded schedules as ``gateway.bench.scheduling`` and the same timing models of the
+simulated replicas (``gateway.sim.engine.make_scheduler``: ours, or vLLM V1's), driven event
+by event: each
 arrival goes through the real policy object and ledger, each engine step's tokens release the
 lease as the relay would. A row takes about a second and the same inputs give the same
 figures, so weights can be compared over many seeds without the wall-clock benchmark's noise.
@@ -52,7 +53,7 @@ from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POL
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
-from gateway.sim.engine import BatchScheduler, Sequence, block_hashes
+from gateway.sim.engine import BatchScheduler, Sequence, block_hashes, make_scheduler
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
 from gateway.dataplane.admission import ESTIMATED_BYTES_PER_TOKEN
@@ -111,7 +112,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         profile = profile.with_overrides(kv_capacity_tokens=w.kv_capacity_tokens)
     ledger = InProcessLedger()
     engines = [_Engine(Replica(f"r{i}", f"http://r{i}", "vllm", "m", "default"),
-                       BatchScheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
+                       make_scheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
                for i in range(REPLICAS)]
     replicas = [e.replica for e in engines]
     flights: dict[int, _Flight] = {}  # id(seq) -> the request on its way

@@ -13,9 +13,9 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from gateway.sim.engine import BatchScheduler, Sequence, block_hashes
+from gateway.sim.engine import Sequence, block_hashes, make_scheduler
 from gateway.sim.metrics import make_meter
-from gateway.sim.profiles import PROFILES, Profile
+from gateway.sim.profiles import PROFILES, SCHEDULED_KINDS, Profile
 
 
 @dataclass
@@ -31,7 +31,7 @@ def closed_loop(profile: Profile, users: int, prompt_tokens: int = 512, output_t
                 duration_s: float = 120.0, warmup_s: float = 20.0, shared_prefix: int = 0,
                 prefix_cache: bool = False, think_s: float = 0.0, seed: int = 0) -> LoadResult:
     """``users`` clients, each sending its next request ``think_s`` after the last one ended."""
-    sched = BatchScheduler(profile, make_meter("vllm", 1 << 20), prefix_cache)
+    sched = make_scheduler(profile, make_meter("vllm", 1 << 20), prefix_cache)
     now, user_of, serial = 0.0, {}, 0
     # Users start spread over the warm-up, as real benchmark clients drift apart.
     rng = random.Random(seed)
@@ -77,7 +77,7 @@ def closed_loop(profile: Profile, users: int, prompt_tokens: int = 512, output_t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="llama3-8b-a100", choices=[p for p, v in PROFILES.items()
-                                                                       if v.kind == "batched"])
+                                                                       if v.kind in SCHEDULED_KINDS])
     parser.add_argument("--users", type=int, nargs="+", default=[1, 10, 50, 100, 200])
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--output", type=int, default=256)

@@ -8,6 +8,9 @@ GPU (KV capacity, running-sequence limit, chunked prefill, optional prefix cache
 profiles (--profile):
   llama3-8b-a100       Llama-3-8B on one A100-80GB, vLLM-like (default; ~2,400 tok/s at 100 users)
   llama3-8b-a100-fast  same GPU, the fastest engine of the same benchmark (~4,000 tok/s)
+  llama3-8b-h100-kvpoor  H100 steps with a sixth of the KV cache (a second shape)
+  llama3-8b-h100-vllm-v1 vLLM V1's own scheduler (token budget, KV blocks, prefix hashes,
+                       recompute), step time fitted on a real vLLM CPU engine
   paced                fixed TTFT (--ttft-ms) and inter-token delay (--itl-ms), no batching
   instant              no delays, least CPU per token (for measuring a gateway's own overhead)
 
@@ -74,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--step-base-ms", type=float, help="override the fixed cost of one engine step")
     timing.add_argument("--decode-per-seq-ms", type=float, help="override the step cost per decoding sequence")
     timing.add_argument("--prefill-per-token-ms", type=float, help="override the step cost per prefill token")
+    timing.add_argument("--per-token-ms", type=float,
+                        help="vllm-v1 profiles: override the step cost per token scheduled")
+    timing.add_argument("--per-seq-ms", type=float,
+                        help="vllm-v1 profiles: override the step cost per request scheduled")
     timing.add_argument("--ttft-ms", type=float, help="paced profile: time to first token")
     timing.add_argument("--itl-ms", type=float, help="paced profile: delay between tokens")
     timing.add_argument("--prefix-cache", action="store_true",
@@ -122,7 +129,7 @@ def build_config(args: argparse.Namespace):
     from gateway.sim.model_dir import builtin_model_dir
     from gateway.sim.app import VERSION, SimConfig
     from gateway.sim.faults import Faults, check
-    from gateway.sim.profiles import get_profile
+    from gateway.sim.profiles import SCHEDULED_KINDS, get_profile
     from gateway.tokens import load_tokenizer
 
     ms = lambda v: None if v is None else v / 1000.0  # noqa: E731
@@ -130,12 +137,13 @@ def build_config(args: argparse.Namespace):
         mean_output_tokens=args.mean_output_tokens, kv_capacity_tokens=args.kv_capacity_tokens,
         max_running_seqs=args.max_running_seqs, max_batched_tokens=args.max_batched_tokens,
         step_base_s=ms(args.step_base_ms), decode_per_seq_s=ms(args.decode_per_seq_ms),
-        prefill_per_token_s=ms(args.prefill_per_token_ms), ttft_s=ms(args.ttft_ms), itl_s=ms(args.itl_ms))
+        prefill_per_token_s=ms(args.prefill_per_token_ms), per_token_s=ms(args.per_token_ms),
+        per_seq_s=ms(args.per_seq_ms), ttft_s=ms(args.ttft_ms), itl_s=ms(args.itl_ms))
     if args.max_model_len < 2:
         raise ValueError("--max-model-len must be at least 2")
     if args.speed <= 0:
         raise ValueError("--speed must be > 0")
-    if profile.kind == "batched" and profile.kv_capacity_tokens < args.max_model_len + 1:
+    if profile.kind in SCHEDULED_KINDS and profile.kv_capacity_tokens < args.max_model_len + 1:
         raise ValueError("--kv-capacity-tokens must be at least --max-model-len + 1 "
                          "(one full-length sequence must fit)")
     if profile.max_running_seqs < 1 or profile.max_batched_tokens < 1:

@@ -115,10 +115,9 @@ class BatchScheduler:
             return
         if seq in self.running:
             self.running.remove(seq)
-            self.kv_used -= seq.held
-            seq.held = 0
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._release(seq)
         seq.finished = seq.done = seq.aborted = True
         self.aborted += 1
         self._record_done(seq, "abort", now)
@@ -191,18 +190,26 @@ class BatchScheduler:
         if s.first_token_at is None:
             s.first_token_at = at
             self.meter.first_token(at - s.arrived)
-            if self.cache is not None:
-                self.cache.insert(s.block_hashes)
+            self._prefilled(s)
         else:
             self.meter.itl.observe(at - s.last_token_at)
         s.last_token_at = at
         if s.generated >= s.max_new_tokens:
             s.finished = True
             self.running.remove(s)
-            self.kv_used -= s.held
-            s.held = 0
+            self._release(s)
             self.completed += 1
             self._record_done(s, s.finish_reason, at)
+
+    def _prefilled(self, s: Sequence) -> None:
+        """Its prompt is computed: the prefix cache learns its blocks."""
+        if self.cache is not None:
+            self.cache.insert(s.block_hashes)
+
+    def _release(self, s: Sequence) -> None:
+        """The sequence is done or gone: free the KV it holds."""
+        self.kv_used -= s.held
+        s.held = 0
 
     def _record_done(self, s: Sequence, reason: str, at: float) -> None:
         admitted = s.admitted_at if s.admitted_at is not None else at
@@ -260,7 +267,7 @@ class BatchedEngine:
         self.meter = meter
         self.faults = faults
         self.clock = _Clock(speed)
-        self.sched = BatchScheduler(profile, meter, prefix_cache)
+        self.sched = make_scheduler(profile, meter, prefix_cache)
         self.uses_prefix_cache = prefix_cache
         self.sim_now = 0.0          # end of the last completed step (or idle time)
         self.step_end = 0.0         # end of the step in flight
@@ -441,6 +448,14 @@ class InstantEngine:
                 "kv_capacity_tokens": self.profile.kv_capacity_tokens, "max_running_seqs": None,
                 "completed_total": self.completed, "aborted_total": 0, "sim_time_s": 0.0,
                 "prefix_cache": False}
+
+
+def make_scheduler(profile: Profile, meter: Meter, prefix_cache: bool = False) -> BatchScheduler:
+    """The pure scheduling model of a profile: ours, or vLLM V1's (``vllm_v1.py``)."""
+    if profile.kind == "vllm-v1":
+        from gateway.sim.vllm_v1 import V1Scheduler  # it imports this module
+        return V1Scheduler(profile, meter, prefix_cache)
+    return BatchScheduler(profile, meter, prefix_cache)
 
 
 def make_engine(profile: Profile, meter: Meter, faults: Faults, speed: float = 1.0,

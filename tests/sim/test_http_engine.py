@@ -140,3 +140,16 @@ def test_event_writes_send_each_event_as_its_own_chunk(replica, dialect: str, pa
     events = b"".join(chunks).split(b"\n\n")[:-1]
     assert chunks == [e + b"\n\n" for e in events]
     assert len(events) == (5 + 3 if dialect == "vllm" else 5)  # role, 5 tokens, usage, [DONE]
+
+
+def test_the_vllm_v1_profile_serves_with_prefix_hits_and_frees_its_blocks(replica) -> None:
+    base = replica("vllm", "--profile", "llama3-8b-h100-vllm-v1", "--speed", "20",
+                   "--prefix-cache", "--per-token-ms", "0.05")
+    body = {"prompt": "hello world " * 200, "max_tokens": 5}
+    for _ in range(2):
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    s = state(base)
+    # the second prompt found the first's full 16-token blocks; nothing is held afterwards
+    assert s["prefix_cache_hit_tokens"] >= 16 * ((r.json()["usage"]["prompt_tokens"] - 1) // 16)
+    assert s["kv_used_tokens"] == 0 and s["completed_total"] == 2 and s["prefix_cache_blocks"] > 0

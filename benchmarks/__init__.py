@@ -1,0 +1,1 @@
+"""Development benchmark drivers (not shipped with the package): ``python -m benchmarks.X``."""
