@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.bench import report
-from gateway.bench.overhead import stop
+from benchmarks.overhead import stop
 from gateway.bench.loadgen import (CONNECT, DISCONNECTED, INCOMPLETE_STREAM, TIMEOUT, Request, Target,
                                    closed_loop, open_loop, poisson_arrivals)
 from gateway.bench.workload import Lengths, load_dataset, synthetic_requests
@@ -317,7 +317,7 @@ def test_percentiles_and_inter_token_gaps() -> None:
 
 def test_the_suite_runs_end_to_end_and_writes_json_and_markdown(tmp_path: Path) -> None:
     """Tiny bounds: this checks the plumbing, not the figures (those are the suite's job)."""
-    done = subprocess.run([sys.executable, "-m", "gateway.bench.suite", "--out", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.suite", "--out", str(tmp_path),
                            "--overhead-seconds", "0.4", "--requests", "16", "--rounds", "1",
                            "--speed", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -342,7 +342,7 @@ def test_the_suite_runs_end_to_end_and_writes_json_and_markdown(tmp_path: Path) 
 
 
 def test_heterogeneous_workload_and_simulated_time() -> None:
-    from gateway.bench.suite import heterogeneous_requests, simulated
+    from benchmarks.suite import heterogeneous_requests, simulated
     requests = heterogeneous_requests(400, seed=1)
     assert requests == heterogeneous_requests(400, seed=1)
     long_ = [r for r in requests if r.tag == "long"]
@@ -376,7 +376,7 @@ def test_target_endpoints_and_bodies() -> None:
 
 
 def test_round_medians_leave_out_a_round_where_everything_failed() -> None:
-    from gateway.bench.suite import round_medians
+    from benchmarks.suite import round_medians
     def ok(p99: float) -> dict:
         return {"all": {"ttft_ms": {"p50": p99 / 4, "p99": p99}, "output_tokens_per_s": p99,
                         "errors": {}},
@@ -395,7 +395,7 @@ def test_round_medians_leave_out_a_round_where_everything_failed() -> None:
 def test_router_cpu_includes_its_worker_processes() -> None:
     """nginx (and uvicorn with workers) does its work in child processes: the CPU charged to a
     router is its whole process tree's, or nginx would look free."""
-    from gateway.bench.overhead import cpu_seconds, tree_cpu_seconds
+    from benchmarks.overhead import cpu_seconds, tree_cpu_seconds
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
     parent = subprocess.Popen([sys.executable, "-c",
                                "import subprocess, sys, time\n"
@@ -412,7 +412,7 @@ def test_router_cpu_includes_its_worker_processes() -> None:
 
 
 def test_peer_table_charges_each_router_and_compares_it_with_vllm_router() -> None:
-    from gateway.bench.overhead import PACED_SCENARIOS, peer_table
+    from benchmarks.overhead import PACED_SCENARIOS, peer_table
 
     def figures(rps: float, cpu_token: float | None, ttft_p50: float) -> dict:
         return {"requests_per_s": rps, "tokens_per_s": rps * 256, "ttft_ms": {"p50": ttft_p50},
@@ -430,7 +430,7 @@ def test_peer_table_charges_each_router_and_compares_it_with_vllm_router() -> No
 
 
 def test_baseline_table_compares_this_checkout_with_the_baseline_round_by_round() -> None:
-    from gateway.bench.overhead import SCENARIOS, baseline_table
+    from benchmarks.overhead import SCENARIOS, baseline_table
 
     def figures(cpu_rounds: list[float], p50: float) -> dict:  # non-stream: per request
         return {"router_cpu_us_per_request": sum(cpu_rounds) / len(cpu_rounds),

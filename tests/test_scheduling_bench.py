@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from gateway.bench.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
+from benchmarks.scheduling import (BURST_PERIOD, PREFIX_TOKENS, WORKLOADS, _row_settings,
                                       check_targets, combine_seeds, compare_to_default,
                                       markdown, schedule)
-from gateway.bench.scheduling_virtual import run_row as run_virtual
+from benchmarks.scheduling_virtual import run_row as run_virtual
 
 
 def test_schedules_are_seeded_and_shaped_like_the_workloads() -> None:
@@ -100,8 +100,8 @@ def test_virtual_time_engine_signals_see_traffic_the_ledger_does_not() -> None:
 def test_each_timing_model_has_its_measured_saturation() -> None:
     """TIMING_MODELS holds what --saturation measures (round robin, the whole mix at once),
     and a workload moved to a faster profile keeps its wall-clock request rate."""
-    from gateway.bench.scheduling import DEFAULT_PROFILE, TIMING_MODELS
-    from gateway.bench.scheduling_virtual import saturation
+    from benchmarks.scheduling import DEFAULT_PROFILE, TIMING_MODELS
+    from benchmarks.scheduling_virtual import saturation
     for profile, rates in TIMING_MODELS.items():
         w1 = WORKLOADS["W1"].on(profile)
         assert w1.profile == profile and w1.saturation == rates["W1"]
@@ -140,7 +140,7 @@ def test_late_binding_holds_requests_in_the_gateway_and_counts_their_wait() -> N
 
 
 def test_the_virtual_benchmark_command_runs_every_option(capsys) -> None:
-    from gateway.bench.scheduling_virtual import main
+    from benchmarks.scheduling_virtual import main
     assert main(["--workloads", "W1", "--requests", "60", "--rows", "least_expected_work",
                  "least_expected_work@exact", "--profiles", "llama3-8b-h100-kvpoor",
                  "--asked", "256,1024", "--direct-share", "0.1", "--max-in-flight", "8",
@@ -153,7 +153,8 @@ def test_the_virtual_benchmark_command_runs_every_option(capsys) -> None:
 def test_the_p99_difference_is_paired_and_its_interval_covers_what_chance_allows() -> None:
     """Rows that give every request the same TTFT differ by exactly 0; a row slower by 0.5 s
     on every request is 0.5 s worse with no doubt; noise alone gives an interval around 0."""
-    from gateway.bench.report import p99_difference, percentile, top_percentile
+    from benchmarks.stats import p99_difference, top_percentile
+    from gateway.bench.report import percentile
     rng = random.Random(3)
     seeds = [[rng.expovariate(10) for _ in range(1000)] for _ in range(2)]
     for q in (99, 99.9, 100):

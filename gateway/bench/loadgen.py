@@ -1,5 +1,5 @@
 """Load generator for OpenAI and TGI endpoints: the engine of ``llm-gateway bench`` and of the
-benchmark suites (``gateway.bench.overhead``, ``gateway.bench.suite``).
+benchmark suites (``benchmarks.overhead``, ``benchmarks.suite``).
 
 A minimal HTTP/1.1 keep-alive client written on asyncio protocols (one parser per connection,
 pre-encoded requests, one timestamp per received chunk), because a client library costs more

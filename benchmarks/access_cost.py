@@ -1,6 +1,6 @@
 """What API keys and their limits cost the request path, side by side in one run.
 
-    python -m gateway.bench.access_cost [--duration S] [--rounds N] [--out FILE.json]
+    python -m benchmarks.access_cost [--duration S] [--rounds N] [--out FILE.json]
 
 One simulated vLLM replica (``--profile instant``) on core 1 and, on core 0, four gateways
 in front of it, identical but for ``auth``: off; keys without limits; keys with limits in
@@ -32,7 +32,7 @@ from gateway.access.limits import LocalLimiter
 from gateway.access.redis_limits import RedisLimiter
 from gateway.access.secret import hash_secret
 from gateway.bench.loadgen import Request, Target, closed_loop
-from gateway.bench.overhead import (GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, cpu_seconds,
+from benchmarks.overhead import (GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, cpu_seconds,
                                     free_port, pin_client, start, stop, wait_ready)
 from gateway.config import KeyLimits
 from gateway.shared.redis_keys import SharedKeys

@@ -1,11 +1,11 @@
 """The benchmark suite: the gateway's own claims, measured side by side in one run.
 
-    python -m gateway.bench.suite --out results/        # about 6 minutes on 2 cores
+    python -m benchmarks.suite --out results/        # about 6 minutes on 2 cores
 
 1. Overhead: direct to an ``instant`` simulated vLLM replica vs through one gateway worker
    (gateway on core 0, replica and load generator on core 1), closed loop at concurrency 1,
    64 and 256, streaming (256 tokens) and not (16 tokens), A B B A alternation
-   (``gateway.bench.overhead``). Figures: added TTFT p50/p99, requests/s, streamed tokens/s,
+   (``benchmarks.overhead``). Figures: added TTFT p50/p99, requests/s, streamed tokens/s,
    gateway CPU time per request, and the gateway core issue's targets.
 2. Balancing: 4 simulated vLLM replicas on the calibrated ``llama3-8b-a100`` profile, one
    gateway worker per policy, the same seeded open-loop workload for each: 480 requests,
@@ -36,9 +36,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-from gateway.bench import overhead
+from benchmarks import overhead
 from gateway.bench.loadgen import Request, Target, open_loop, poisson_arrivals
-from gateway.bench.overhead import (HOST, Scenario, fmt, free_port, machine_info, start, stop,
+from benchmarks.overhead import (HOST, Scenario, fmt, free_port, machine_info, start, stop,
                                     wait_ready)
 from gateway.bench.report import summarize_records
 from gateway.bench.workload import synthetic_prompt
@@ -221,7 +221,7 @@ def balancing_table(res: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.suite",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results"),
                         help="directory for suite.json and suite.md (default results/)")
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gw-suite-"))
     started = time.time()
     result: dict[str, Any] = {
-        "command": " ".join([sys.executable, "-m", "gateway.bench.suite",
+        "command": " ".join([sys.executable, "-m", "benchmarks.suite",
                              *(argv if argv is not None else sys.argv[1:])]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "machine": machine_info(),

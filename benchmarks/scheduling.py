@@ -1,6 +1,6 @@
 """Scheduling benchmark: every balancing policy, and two peer routers, on three workloads.
 
-    python -m gateway.bench.scheduling [--requests N] [--workloads W1 W2 W3] [--rows ...]
+    python -m benchmarks.scheduling [--requests N] [--workloads W1 W2 W3] [--rows ...]
         [--seeds 1 2] [--profile P] [--router-venv DIR] [--out F.json] [--markdown F.md]
 
 Four simulated vLLM replicas (continuous batching, prefix cache on) of one timing model
@@ -36,7 +36,7 @@ schedules and reports each seed's figure and their mean.
 
 Output: a markdown table per workload (TTFT p50/p99, output tokens/s, requests per replica,
 prefix-cache hit rate: means over the seeds, p99 also per seed) and every figure as JSON,
-plus the issue's targets checked on the means. ``gateway.bench.scheduling_virtual`` runs the
+plus the issue's targets checked on the means. ``benchmarks.scheduling_virtual`` runs the
 same schedules through our policies in virtual time (no HTTP, deterministic, seconds per
 row), for tuning weights.
 """
@@ -61,8 +61,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gateway.bench.loadgen import Request, Target, open_loop
-from gateway.bench.overhead import HOST, ROOT, free_port, stop, wait_ready
-from gateway.bench.report import distribution_ms, p99_difference, summarize
+from benchmarks.overhead import HOST, ROOT, free_port, stop, wait_ready
+from benchmarks.stats import p99_difference
+from gateway.bench.report import distribution_ms, summarize
 from gateway.bench.workload import synthetic_prompt
 
 MODEL = "m"
@@ -82,7 +83,7 @@ ABLATIONS = (f"{DEFAULT}:prefix_weight=0", f"{DEFAULT}:signals_weight=0")
 
 # Round robin's saturation, requests/s in simulated time per workload, on each timing model
 # (every request of the workload's mix arriving at once, in virtual time:
-# `python -m gateway.bench.scheduling_virtual --saturation`).
+# `python -m benchmarks.scheduling_virtual --saturation`).
 TIMING_MODELS = {
     "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4},
     "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0},
@@ -322,7 +323,7 @@ def combine_seeds(row: str, by_seed: dict[int, dict[str, Any]]) -> dict[str, Any
 
 def compare_to_default(rows: list[dict[str, Any]]) -> None:
     """Give every other row its mean p99 minus the default's with a 95% interval
-    (``report.p99_difference``): which differences chance could explain."""
+    (``benchmarks.stats.p99_difference``): which differences chance could explain."""
     served = [r for r in rows if r.get("ttft_p99_s") is not None]  # ran, and served some
     ours = next((r for r in served if r["row"] == DEFAULT), None)
     if ours is None:
@@ -405,7 +406,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.scheduling",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduling",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
                         choices=list(WORKLOADS))

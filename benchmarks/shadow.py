@@ -1,6 +1,6 @@
 """What shadow traffic costs the clients: client latency with shadowing off and on, one run.
 
-    python -m gateway.bench.shadow [--seconds S] [--rounds R] [--users U] [--out FILE.json]
+    python -m benchmarks.shadow [--seconds S] [--rounds R] [--users U] [--out FILE.json]
 
 Starts, on loopback, the primary's simulated vLLM replica (paced: ``--ttft-ms 20
 --itl-ms 5``), a shadow replica like it, a slow one (TTFT 2 s, 100 ms between tokens), and
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.loadgen import Request, Target, closed_loop
-from gateway.bench.overhead import HOST, free_port, start, stop, wait_ready
+from benchmarks.overhead import HOST, free_port, start, stop, wait_ready
 from gateway.bench.report import distribution_ms
 
 MODEL = "m"
@@ -106,7 +106,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.shadow",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.shadow",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per segment (default 5)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds over the four gateways "

@@ -1,11 +1,11 @@
 """The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
 
-    python -m gateway.bench.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
+    python -m benchmarks.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
         [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
         [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
         [--compare ROW]
 
-The same seeded schedules as ``gateway.bench.scheduling`` and the same timing models of the
+The same seeded schedules as ``benchmarks.scheduling`` and the same timing models of the
 simulated replicas (``gateway.sim.engine.make_scheduler``: ours, or vLLM V1's), driven event
 by event: each
 arrival goes through the real policy object and ledger, each engine step's tokens release the
@@ -46,8 +46,9 @@ from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
-from gateway.bench.report import p99_difference, percentile
-from gateway.bench.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICIES,
+from benchmarks.stats import p99_difference
+from gateway.bench.report import percentile
+from benchmarks.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICIES,
                                       REPLICAS, TIMING_MODELS, WORKLOADS, Workload,
                                       _row_settings, schedule)
 from gateway.config import SchedulingConfig
@@ -246,7 +247,7 @@ def _seconds(values: list[float], q: float) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.scheduling_virtual",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduling_virtual",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--rows", nargs="+", default=[*OUR_POLICIES, *ABLATIONS],

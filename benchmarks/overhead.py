@@ -1,6 +1,6 @@
 """Measure the overhead the gateway adds, side by side with the replica it fronts.
 
-    python -m gateway.bench.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
+    python -m benchmarks.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
                                      [--peers [vllm-router nginx]] [--paced] [--workers N]
                                      [--baseline CHECKOUT]
 
@@ -31,7 +31,7 @@ of ``main``, say) also runs in front of the same replica, on the same core, in t
 rotation: a change's cost measured side by side with the code before it, which on a noisy
 machine separate runs cannot show.
 
-The benchmark suite (``gateway.bench.suite``) runs the same measurement on its own scenarios.
+The benchmark suite (``benchmarks.suite``) runs the same measurement on its own scenarios.
 
 With ``--translation`` it compares instead, through the same gateway and replica, a stream
 whose client speaks the replica's dialect (OpenAI ``/v1/completions``: bytes passed through)
@@ -764,7 +764,7 @@ def profile_text(prof: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.overhead",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=6.0,
                         help="measured seconds per scenario and target (default 6; split "
@@ -841,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
                                        min(args.profile_seconds, 30.0), args.paced,
                                        args.profile_scenarios))
 
-    report = {"command": " ".join([sys.executable, "-m", "gateway.bench.overhead",
+    report = {"command": " ".join([sys.executable, "-m", "benchmarks.overhead",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
               "machine": machine_info(),

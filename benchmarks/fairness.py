@@ -1,6 +1,6 @@
 """Fair sharing under overload: a light API key's TTFT beside a flooding one, FIFO vs fair.
 
-    python -m gateway.bench.fairness [--seconds S] [--light-rate R] [--flood-factor F]
+    python -m benchmarks.fairness [--seconds S] [--light-rate R] [--flood-factor F]
                                      [--out FILE.json]
 
 Two simulated vLLM replicas (paced: 50 ms to the first token, 10 ms per token, 32 tokens a
@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from gateway.access.secret import hash_secret
 from gateway.bench.loadgen import Request, Target, open_loop, poisson_arrivals
-from gateway.bench.overhead import HOST, MODEL, free_port, start, stop, wait_ready
+from benchmarks.overhead import HOST, MODEL, free_port, start, stop, wait_ready
 from gateway.bench.report import distribution_ms
 
 SECRETS = {"light": "sk-gw-bench-light-0123456789", "flood": "sk-gw-bench-flood-0123456789"}
@@ -132,7 +132,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.fairness",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fairness",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase (default 20)")
     parser.add_argument("--light-rate", type=float, default=3.0,
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      "--flood-factor [1, 100]")
     started = time.time()
     results = asyncio.run(run_all(args))
-    report = {"command": " ".join(["python -m gateway.bench.fairness",
+    report = {"command": " ".join(["python -m benchmarks.fairness",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
               "setup": {"replicas": 2, "sim": " ".join(SIM), "output_tokens": OUTPUT_TOKENS,

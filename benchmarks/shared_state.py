@@ -1,13 +1,13 @@
 """Several gateway instances sharing load through Redis, measured side by side in one run.
 
-    python -m gateway.bench.shared_state --out results/     # about 8 minutes on 2 cores
+    python -m benchmarks.shared_state --out results/     # about 8 minutes on 2 cores
 
 1. Cost: one gateway without Redis vs one with ``redis_url`` (syncing every 100 ms), in front
    of the same ``instant`` simulated replica, A B B A: non-streaming requests/s at 32 users,
    and streaming TTFT p50/p99 at one user next to the replica direct (the added latency).
 2. Balance quality: 4 simulated vLLM replicas on the calibrated ``llama3-8b-a100`` profile,
    least_outstanding_tokens, the suite's seeded open-loop mix (85% short, 15% long prompts,
-   ``gateway.bench.suite``), through 1 instance, 2 instances blind to each other (no Redis)
+   ``benchmarks.suite``), through 1 instance, 2 instances blind to each other (no Redis)
    and 2 instances sharing Redis; with 2 instances request i goes to instance i mod 2, as a
    load balancer in front of them would spread it. Figures in simulated time, medians over
    rounds: TTFT p50/p99 and the spread of outstanding tokens across the replicas (max - min,
@@ -39,10 +39,10 @@ from typing import Any, Iterator, Sequence
 import redis
 
 from gateway.bench.loadgen import Record, Request, Target, closed_loop, open_loop, poisson_arrivals
-from gateway.bench.overhead import (HOST, cpu_seconds, free_port, machine_info, start, stop,
+from benchmarks.overhead import (HOST, cpu_seconds, free_port, machine_info, start, stop,
                                     wait_ready)
 from gateway.bench.report import distribution_ms, summarize_records
-from gateway.bench.suite import (MODEL, REPLICAS, heterogeneous_requests, replicas,
+from benchmarks.suite import (MODEL, REPLICAS, heterogeneous_requests, replicas,
                                  simulated, wait_idle)
 
 ROWS = ("1 instance", "2 instances, blind", "2 instances, shared (Redis)")
@@ -294,7 +294,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.shared_state",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.shared_state",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                      "--requests [1, 5000], --rounds [1, 6], --sync-interval [0.005, 1]")
     args.out.mkdir(parents=True, exist_ok=True)
     prefix = f"llm-gateway-bench:{uuid.uuid4().hex[:8]}:"
-    res: dict[str, Any] = {"command": " ".join(["python -m gateway.bench.shared_state",
+    res: dict[str, Any] = {"command": " ".join(["python -m benchmarks.shared_state",
                                                 *(argv if argv is not None else sys.argv[1:])]),
                            "machine": machine_info()}
     try:

@@ -1,11 +1,11 @@
 """What metrics cost on the hot path: one gateway worker with metrics on vs one with them off.
 
-    python -m gateway.bench.metrics_cost [--duration S] [--out FILE.json]
+    python -m benchmarks.metrics_cost [--duration S] [--out FILE.json]
 
 One simulated vLLM replica (``--profile instant``) and two gateways in front of it, identical
 but for ``metrics: false`` in one config; both gateways pinned to core 0 (only one is loaded
 at a time), replica and load generator on core 1. Each scenario alternates on / off / off / on
-so drift cancels out; the load generator and measurement are ``gateway.bench.overhead``'s.
+so drift cancels out; the load generator and measurement are ``benchmarks.overhead``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
+from benchmarks.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
                                     Scenario, free_port, run_segment, start, stop, summarise,
                                     wait_ready)
 
@@ -58,7 +58,7 @@ def table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.bench.metrics_cost",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.metrics_cost",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=4.0,
                         help="measured seconds per scenario and gateway (default 4)")
