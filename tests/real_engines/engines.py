@@ -19,6 +19,7 @@ from typing import Iterator
 
 import httpx
 
+from scrape import metric_sum
 from support import ROOT, free_port
 
 ENGINES = ROOT / ".tools" / "engines"
@@ -54,11 +55,7 @@ class Engine:
 
     def metric(self, name: str) -> float:
         """Sum of the engine's own Prometheus samples named ``name`` (every label set)."""
-        total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(self.url, name)
 
     def kill(self) -> None:
         """SIGKILL the engine's whole process group (a crash, as a GPU fault looks)."""

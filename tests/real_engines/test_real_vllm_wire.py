@@ -9,7 +9,6 @@ gets (the same events, whatever way vLLM groups tokens into chunks under load).
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path

@@ -24,6 +24,7 @@ from gateway.bench.loadgen import (CONNECT, DISCONNECTED, INCOMPLETE_STREAM, TIM
                                    closed_loop, open_loop, poisson_arrivals)
 from gateway.bench.workload import Lengths, load_dataset, synthetic_requests
 from tests.support import ROOT, free_port, sim
+from scrape import metric_sum
 
 FLAGS = ["--stream", "--concurrency", "4,8", "--requests", "24", "--prompt-tokens", "uniform:8:40",
          "--output-tokens", "uniform:4:24", "--seed", "3", "--no-progress"]
@@ -39,9 +40,7 @@ def state(url: str) -> dict:
 
 
 def counter(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return metric_sum(url, name)
 
 
 def totals(result: dict) -> tuple[int, int, int]:

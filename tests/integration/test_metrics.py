@@ -28,6 +28,7 @@ from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KIND
                              NullMetrics, make_metrics)
 from gateway.protocol.errors import Api
 from gateway.tokens import ModelTokenizer
+from scrape import samples
 from support import free_port, running, sim
 
 PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "2")
@@ -41,7 +42,7 @@ def parse(text: str) -> Samples:
 
 
 def scrape(url: str) -> Samples:
-    return parse(httpx.get(url + "/metrics", timeout=10).text)
+    return samples(url)
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from scrape import metric_sum
 from support import free_port, gateway_server, running, sim
 
 MODEL = "sim-model"
@@ -33,8 +34,7 @@ def runtime(gw: str) -> dict:
 
 
 def metric(gw: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(gw + "/metrics").text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return metric_sum(gw, name)
 
 
 async def one_request(session: aiohttp.ClientSession, gw: str, rng: random.Random,

@@ -16,6 +16,7 @@ from typing import Iterator
 import httpx
 
 from gateway.bench.loadgen import Request, Target, closed_loop
+from scrape import metric_sum
 from support import ROOT, gateway_server, sim
 
 MODEL = "sim-model"
@@ -113,10 +114,7 @@ def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path)
         return next(p["weight"] for p in model["pools"] if p["pool"] == "canary")
 
     def rollbacks(url: str) -> float:
-        return sum(float(line.rsplit(" ", 1)[1])
-                   for line in httpx.get(f"{url}/metrics").text.splitlines()
-                   if line.startswith("llm_gateway_canary_rollbacks_total{")
-                   and 'pool="canary"' in line)
+        return metric_sum(url, "llm_gateway_canary_rollbacks_total", pool="canary")
 
     with fleet(tmp_path, PACED, PACED, auto_rollback=True, check_every=0.3) as url:
         send(url, 120)  # identical pools: the guard leaves the weights alone
@@ -141,6 +139,4 @@ def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path)
 
 
 def served_by_canary(url: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1])
-               for line in httpx.get(f"{url}/metrics").text.splitlines()
-               if line.startswith("llm_gateway_requests_total{") and 'pool="canary"' in line)
+    return metric_sum(url, "llm_gateway_requests_total", pool="canary")

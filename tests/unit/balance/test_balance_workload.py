@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance import POLICIES
 from gateway.balance.policy import RequestCost, policy_class
 from gateway.fleet.replica import Replica
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -16,6 +15,7 @@ from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
 from gateway.tokens import ModelTokenizer
+from scrape import by_label
 from support import free_port, gateway_server, sim
 
 MODEL = "sim-model"
@@ -60,9 +60,7 @@ def client(fleet: dict[str, str]) -> openai.OpenAI:
 
 
 def outstanding(gateway_url: str) -> dict[str, float]:
-    text = httpx.get(gateway_url + "/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'llm_gateway_replica_outstanding_tokens\{[^}]*replica="([^"]+)"[^}]*\} (\S+)', text)}
+    return by_label(gateway_url, "llm_gateway_replica_outstanding_tokens", "replica")
 
 
 def settled(gateway_url: str, timeout: float = 5.0) -> dict[str, float]:

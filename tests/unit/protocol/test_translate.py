@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
+from support import ROOT
 from gateway.protocol.errors import Api, ApiNotServed, InvalidRequest, error_from_engine
 from gateway.protocol.openai import parse_chat, parse_completion
 from gateway.protocol.tgi import parse_generate
@@ -389,8 +390,7 @@ def _table_after(text: str, marker: str) -> dict[str, list[str]]:
 
 
 def test_the_readme_tables_are_the_code_tables() -> None:
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     shown = _table_after(readme, "TGI -> OpenAI engine")
     assert shown == {name: ["—" if v is None else v for v in (fields[e] for e in OPENAI_ENGINES)]
                      for name, fields in TGI_TO_OPENAI.items()}

@@ -19,6 +19,7 @@ from gateway.canary.fleet_samples import decode_pairs, decode_samples, encode
 from gateway.canary.samples import PairSample, Sample
 from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, private_redis, shared_prefix
+from scrape import metric_sum
 from support import gateway_server, sim
 
 MODEL = "sim-model"
@@ -97,9 +98,7 @@ def fleet_verdict(url: str, total: int) -> dict:
 
 def served_here(url: str) -> int:
     """Requests this gateway itself relayed (its own /metrics)."""
-    return int(sum(float(line.rsplit(" ", 1)[1])
-                   for line in httpx.get(f"{url}/metrics").text.splitlines()
-                   if line.startswith("llm_gateway_requests_total{")))
+    return int(metric_sum(url, "llm_gateway_requests_total"))
 
 
 def classes(result: dict) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Iterator
 
 import httpx
 
+from scrape import metric_sum
 from support import free_port, gateway_server, running, sim
 
 MODEL = "sim-model"
@@ -133,20 +134,10 @@ def test_killed_replica_waiting_requests_retry_elsewhere_streams_end_with_error(
                 [s.events[-2:] for s in on_victim]
             assert any(s.ended_with_error_event for s in on_victim), \
                 "no stream was running on the killed replica"
-            retried = _metric(gw, "llm_gateway_retries_total")
+            retried = metric_sum(gw, "llm_gateway_retries_total")
             assert retried >= 1, "no waiting request was retried on another replica"
             assert elapsed < 30
             settled(gw)
-
-
-def _metric(gw: str, series: str) -> float:
-    """The sum of every sample of ``series`` (a metric name, or a name with all its labels)."""
-    total = 0.0
-    for line in httpx.get(gw + "/metrics").text.splitlines():
-        name = line.rsplit(" ", 1)[0]
-        if name == series or line.startswith(series + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_stalled_replica_times_out_is_ejected_and_readmitted(tmp_path: Path) -> None:
@@ -191,7 +182,7 @@ def test_stream_past_its_total_budget_ends_with_a_timeout_event(tmp_path: Path) 
             settled(gw)
             running = "vllm:num_requests_running"
             assert running + "{" in httpx.get(replica + "/metrics").text
-            wait_until(lambda: _metric(replica, running) == 0, 2,  # not at the end, 4.5 s on
+            wait_until(lambda: metric_sum(replica, running) == 0, 2,  # not at the end, 4.5 s on
                        "the engine to drop the request")
 
 
@@ -237,9 +228,9 @@ def test_in_flight_limit_queues_then_answers_429(tmp_path: Path) -> None:
             assert over.json()["error"]["code"] == "overloaded"
             for s in running_now + queued:
                 assert s.join().complete  # the queued ones ran once slots freed; none got 429
-            assert _metric(gw, "llm_gateway_queue_time_seconds_count") == 2
-            assert _metric(gw, 'llm_gateway_rejections_total{api="openai",model="sim-model",'
-                               'reason="overloaded"}') == 1
+            assert metric_sum(gw, "llm_gateway_queue_time_seconds_count") == 2
+            assert metric_sum(gw, "llm_gateway_rejections_total", api="openai",
+                              model="sim-model", reason="overloaded") == 1
             settled(gw)
 
 

@@ -7,7 +7,6 @@ that generates different text (``--text-seed``)."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -20,6 +19,7 @@ from text_generation import Client as TGIClient
 from gateway.canary.agreement import TextCollector, is_greedy
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
+from scrape import by_label, metric_sum
 from support import free_port, gateway_server, sim
 
 MODEL = "sim-model"
@@ -37,28 +37,20 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def engine_successes(url: str) -> float:
     """Requests the simulated vLLM engine finished, from its own /metrics."""
-    text = httpx.get(url + "/metrics").text
-    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)",
-                                            text, re.M))
+    return metric_sum(url, "vllm:request_success_total")
 
 
 def series(url: str, name: str, **labels: str) -> float:
     """Sum of a gateway metric's samples whose labels include ``labels``."""
-    total = 0.0
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_sum(url, name, **labels)
 
 
 def ledger(url: str) -> dict[str, float]:
     """Outstanding tokens + in-flight requests per replica, as the gateway's ledger holds them."""
     out: dict[str, float] = {}
-    text = httpx.get(url + "/metrics").text
     for name in ("llm_gateway_replica_outstanding_tokens", "llm_gateway_replica_in_flight_requests"):
-        for replica, value in re.findall(rf'^{name}\{{[^}}]*replica="([^"]+)"[^}}]*\}} (\S+)',
-                                         text, re.M):
-            out[replica] = out.get(replica, 0.0) + float(value)
+        for replica, value in by_label(url, name, "replica").items():
+            out[replica] = out.get(replica, 0.0) + value
     return out
 
 

@@ -30,6 +30,7 @@ import yaml
 from gateway.access.secret import hash_secret
 
 from prometheus_support import prometheus
+from scrape import metric_sum
 from support import ROOT, free_port, running, sim
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
@@ -292,6 +293,4 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
 
 
 def _gateway_total(gw: str, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-    return sum(s.value for f in text_string_to_metric_families(httpx.get(gw + "/metrics").text)
-               for s in f.samples if s.name == name)
+    return metric_sum(gw, name)

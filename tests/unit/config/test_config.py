@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from support import ROOT
 from gateway.config import ConfigError, load_settings
 from gateway.fleet.model import build_models
 
@@ -75,7 +76,7 @@ def test_the_readme_config_examples_load(tmp_path: Path) -> None:
     """Every YAML block of the README that starts with `models:` is a config the gateway takes."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("models:")]
     assert len(blocks) >= 2  # "Running it" and "DNS discovery"
     for block in blocks:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import yaml
 
 from gateway.balance.redis_ledger import parse_load
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
+from scrape import samples
 from support import ROOT, free_port, running, sim, wait_ready
 
 MODEL = "sim-model"
@@ -61,9 +61,7 @@ def gateway(tmp_path: Path, replicas: list[dict], redis_url: str | None, prefix:
 
 def scrape(url: str, name: str) -> dict[str, float]:
     """One metric of a gateway's /metrics: {replica label (or ""): value}."""
-    text = httpx.get(url + "/metrics", timeout=5).text
-    pattern = rf'^{name}(?:\{{replica="([^"]*)"\}})? (\S+)$'
-    return {m.group(1) or "": float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+    return {labels.get("replica", ""): value for n, labels, value in samples(url) if n == name}
 
 
 def view(url: str) -> dict[str, float]:

@@ -9,7 +9,6 @@ import pytest
 
 from gateway.balance import least_expected_work
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance import POLICIES
 from gateway.balance.policy import RequestCost, make_policy, policy_class
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.config import SchedulingConfig, load_settings

@@ -6,7 +6,6 @@ import random
 import pytest
 
 from gateway.balance.ledger import InProcessLedger
-from gateway.balance import POLICIES
 from gateway.balance.policy import RequestCost, make_policy, policy_class
 from gateway.fleet.replica import Replica
 
