@@ -71,7 +71,7 @@ from typing import Any, Iterator, Sequence
 from gateway.bench.loadgen import Request, Target, closed_loop
 from gateway.bench.report import distribution_ms
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ is at its top
 HOST = "127.0.0.1"
 MODEL = "m"
 GATEWAY_CORE, REPLICA_CORE, CLIENT_CORE = 0, 1, 1
@@ -239,14 +239,36 @@ def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subp
 def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int = 1,
                         baseline: Path | None = None
                         ) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
-    """One simulated vLLM replica (core 1) and one gateway worker in front of it (core 0),
-    plus the ``baseline`` checkout's gateway and each of ``peers`` (routers in front of the
-    same replica, also on core 0; they take turns under load, so they do not share the core
-    while measured); yields their ports and pids ({"direct", "gateway", ["baseline"],
-    *peers}, {"replica", "gateway", ...}) and a temp dir with their logs. All are stopped on
-    exit; one that died during the run is an error."""
+    """One simulated vLLM replica (core 1) and the routers in front of it
+    (``routers_in_front_of``); yields their ports and pids ({"direct", "gateway", ...},
+    {"replica", "gateway", ...}) and a temp dir with their logs."""
     tmp = Path(tempfile.mkdtemp(prefix="gw-overhead-"))
-    rport, gport = free_port(), free_port()
+    rport = free_port()
+    replica = start(["sim", "--dialect", "vllm", *sim_args.split(), "--port", str(rport),
+                     "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
+                    tmp / "replica.log")
+    try:
+        wait_ready(f"http://{HOST}:{rport}/health", replica)
+        with routers_in_front_of(rport, peers, workers, baseline, tmp) as (ports, pids, _):
+            pids["replica"] = replica.pid
+            yield ports, pids, tmp
+        if replica.poll() is not None:
+            raise RuntimeError(f"the replica died during the run; see {tmp}")
+    finally:
+        stop(replica)
+
+
+@contextlib.contextmanager
+def routers_in_front_of(rport: int, peers: tuple[str, ...] = (), workers: int = 1,
+                        baseline: Path | None = None, tmp: Path | None = None
+                        ) -> Iterator[tuple[dict[str, int], dict[str, int], Path]]:
+    """One gateway worker (core 0) in front of the replica at ``rport``, plus the
+    ``baseline`` checkout's gateway and each of ``peers`` (also on core 0; they take turns
+    under load, so they do not share the core while measured); yields their ports and pids
+    ({"direct", "gateway", ["baseline"], *peers}, {"gateway", ...}) and a temp dir with their
+    logs. All are stopped on exit; one that died during the run is an error."""
+    tmp = tmp or Path(tempfile.mkdtemp(prefix="gw-routers-"))
+    gport = free_port()
     config = tmp / "gateway.yaml"
     config.write_text(json.dumps({  # JSON is YAML
         "models": [{"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}",
@@ -254,18 +276,13 @@ def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int
     }))
     procs: list[subprocess.Popen] = []
     try:
-        replica = start(["sim", "--dialect", "vllm", *sim_args.split(), "--port", str(rport),
-                         "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
-                        tmp / "replica.log")
-        procs.append(replica)
-        wait_ready(f"http://{HOST}:{rport}/health", replica)
         gateway = start(["serve", "--config", str(config), "--port", str(gport),
                          "--log-level", "warning", "--workers", str(workers)], GATEWAY_CORE,
                         tmp / "gateway.log")
         procs.append(gateway)
         wait_ready(f"http://{HOST}:{gport}/ready", gateway)
         ports = {"direct": rport, "gateway": gport}
-        pids = {"gateway": gateway.pid, "replica": replica.pid}
+        pids = {"gateway": gateway.pid}
         if baseline is not None:
             ports["baseline"] = free_port()
             before = start(["serve", "--config", str(config), "--port", str(ports["baseline"]),
@@ -280,8 +297,8 @@ def replica_and_gateway(sim_args: str, peers: tuple[str, ...] = (), workers: int
             procs.append(peer)
             wait_ready(ready, peer)
             pids[name] = peer.pid
-        print(f"replica pid {replica.pid} :{rport} (core {REPLICA_CORE}), routers "
-              f"{ {n: (pids[n], ports[n]) for n in pids if n != 'replica'} } (core "
+        print(f"replica :{rport} (core {REPLICA_CORE}), routers "
+              f"{ {n: (pids[n], ports[n]) for n in pids} } (core "
               f"{GATEWAY_CORE}), load generator core {CLIENT_CORE}", file=sys.stderr, flush=True)
         yield ports, pids, tmp
         for p in procs:

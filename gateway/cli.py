@@ -21,21 +21,32 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-gateway",
         description="LLM-aware HTTP gateway in front of one-engine-per-GPU replicas.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_commands(sub, SUBCOMMANDS, "run")
+    add_commands(sub, SUBCOMMANDS, "run", chosen(argv, SUBCOMMANDS))
     return parser
 
 
+def chosen(argv: list[str] | None, commands: dict[str, tuple[str, str]]) -> str | None:
+    """The subcommand ``argv`` names (its first word), if any."""
+    words = sys.argv[1:] if argv is None else argv
+    return words[0] if words and words[0] in commands else None
+
+
 def add_commands(sub: argparse._SubParsersAction, commands: dict[str, tuple[str, str]],
-                 run_attribute: str) -> None:
+                 run_attribute: str, only: str | None = None) -> None:
     """One subcommand per module (its docstring the description, its ``add_arguments``
-    and ``run``); ``run`` is set as ``args.<run_attribute>``."""
+    and ``run``); ``run`` is set as ``args.<run_attribute>``. With ``only``, the other
+    commands are listed (for ``--help``) without importing their modules: ``llm-gateway
+    sim`` does not load the gateway's web stack."""
     for name, (module_name, help_text) in commands.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,5 +55,5 @@ def add_commands(sub: argparse._SubParsersAction, commands: dict[str, tuple[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     sys.exit(args.run(args) or 0)

@@ -4,7 +4,8 @@
 #
 #   scripts/setup.sh demo   Python >= 3.11, the package, curl (the demo runs its examples)
 #   scripts/setup.sh test   the same with the test extras, plus what the tests run for real:
-#                           Prometheus + promtool, kubectl, a Redis server answering on 127.0.0.1:6379,
+#                           Prometheus + promtool, kubectl, wrk and nginx (the benchmarks' smoke tests),
+#                           a Redis server answering on 127.0.0.1:6379,
 #                           and hadolint, checkov, kubernetes-validate and docker-compose in
 #                           their own virtualenv (.tools/venv; checkov pins many packages),
 #                           and the real engines of the real-engine tier (below)
@@ -27,7 +28,7 @@ TOOLS_REQUIREMENTS=scripts/tools-requirements.txt
 # command -> the Debian package that has it
 declare -A DEBIAN_PACKAGE=([prometheus]=prometheus [promtool]=prometheus
                            [redis-server]=redis-server [redis-cli]=redis-tools [curl]=curl
-                           [kubectl]=kubernetes-client)
+                           [kubectl]=kubernetes-client [wrk]=wrk [nginx]=nginx-light)
 
 fail() {  # one line, then stop
   echo "setup: $*" >&2
@@ -96,6 +97,9 @@ ensure_debian_commands() {  # commands...
   if [[ " ${packages[*]} " == *" prometheus "* ]]; then
     # The package starts its own server on :9090; the tests start theirs on free ports.
     as_root service prometheus stop >/dev/null 2>&1 || true
+  fi
+  if [[ " ${packages[*]} " == *" nginx-light "* ]]; then  # the same: the benchmarks start theirs
+    as_root service nginx stop >/dev/null 2>&1 || true
   fi
 }
 
@@ -221,7 +225,7 @@ case ${1-} in
   test)
     check_python
     # kubectl: its JSONPath (client-go's, as Argo Rollouts') reads the gateway's answers.
-    ensure_debian_commands curl prometheus promtool redis-server redis-cli kubectl
+    ensure_debian_commands curl prometheus promtool redis-server redis-cli kubectl wrk nginx
     ensure_redis
     install_package test
     ensure_tool_venv
