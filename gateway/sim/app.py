@@ -25,12 +25,13 @@ from gateway.sim.faults import FaultError, Faults
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
-from gateway.sim.wire import VLLM_VERSION, OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
+from gateway.sim.wire import (LLAMACPP_BUILD, VLLM_VERSION, LlamaCppStream, OpenAIStream, TGIStream,
+                              Vocab, llamacpp_body, openai_body, tgi_output)
 from gateway.tokens import ModelTokenizer
 
 Handler = Callable[[Request], Awaitable[None]]
 FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
-VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": "b6000"}
+VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": LLAMACPP_BUILD}
 
 
 @dataclass
@@ -249,8 +250,12 @@ class SimApp:
                 return
             raise
         model = body.get("model") or cfg.model
-        events = OpenAIStream(d.name, chat, model, job, self.vocab,
-                              job.include_usage and not cfg.no_stream_usage,
+        include_usage = job.include_usage and not cfg.no_stream_usage
+        if d.name == "llamacpp":  # its own field order and end of stream
+            await self.run(req, job, LlamaCppStream(chat, model, job, self.vocab, include_usage, d.data_prefix),
+                           lambda pieces, seq: llamacpp_body(chat, model, job, self.vocab))
+            return
+        events = OpenAIStream(d.name, chat, model, job, self.vocab, include_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
         await self.run(req, job, events, lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
 
@@ -382,8 +387,8 @@ class SimApp:
     async def props(self, req: Request) -> None:
         cfg = self.cfg
         await respond_json(req.send, 200, {
-            "default_generation_settings": {"n_ctx": cfg.max_model_len, "n_predict": -1, "model": cfg.model,
-                                            "params": {"n_predict": -1, "seed": -1}},
+            "default_generation_settings": {"params": {"n_predict": -1, "seed": -1},
+                                            "n_ctx": cfg.max_model_len},
             "total_slots": cfg.profile.max_running_seqs, "model_path": cfg.model,
             "chat_template": cfg.tokenizer.chat_template or "", "build_info": VERSION["llamacpp"]})
 

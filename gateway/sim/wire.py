@@ -39,6 +39,8 @@ VLLM_VERSION = "0.32.0"  # the answers' shapes are this version's (checked again
 VLLM_FINGERPRINT = f"vllm-{VLLM_VERSION}-5171a7ed"
 # vLLM's chat message beside role and content (no tool_calls when there are none)
 _VLLM_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call", "reasoning")
+LLAMACPP_BUILD = "b1-5171a7e"  # llama.cpp's build_info, also its system_fingerprint
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def _split(obj: Any) -> list[bytes]:
@@ -121,7 +123,9 @@ class _Logprobs:
         return out
 
     def llamacpp(self, start: int, pieces: Sequence[int]) -> dict[str, Any] | None:
-        if not self.k:  # n_probs 0: no probabilities
+        """llama.cpp's format, on both routes (chat's ``top_logprobs`` 0 still lists the
+        tokens; a completion's ``n_probs`` 0 has no probabilities)."""
+        if self.job.extras.logprobs is None or not (self.k or self.job.extras.chat_logprobs):
             return None
         content = []
         for position, j in enumerate(pieces, start):
@@ -149,8 +153,6 @@ class _Logprobs:
             return None
         if chat:
             return self.chat(start, pieces)
-        if self.dialect == "llamacpp":
-            return self.llamacpp(start, pieces)
         return self.completion(start, pieces, offset)
 
 
@@ -202,12 +204,11 @@ class OpenAIStream:
         self.include_usage, self.continuous = include_usage, continuous_usage
         self.prefix = data_prefix
         self.choice = job.choices[0]
-        self.final_chunk = dialect == "llamacpp"  # llama.cpp ends with a chunk of its own
         self.id = request_id("chatcmpl-" if chat else "cmpl-")
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.plain = _plain(dialect, job)
-        self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop)
         self.logprobs = _Logprobs(dialect, job, vocab, job.seed)
         self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
         # The plain path's two templates (holes: the text, and the usage when continuous):
@@ -218,7 +219,7 @@ class OpenAIStream:
     def _chunk(self, text: Any, logprobs: Any, k: int, token_id: int | None, usage_now: Any) -> dict[str, Any]:
         """The event of token ``k`` (``usage_now``: the running usage, when continuous), in
         the engine's field order."""
-        last = k == self.n - 1 and not self.final_chunk
+        last = k == self.n - 1
         vllm, ids = self.dialect == "vllm", self.job.extras.token_ids
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
@@ -252,12 +253,11 @@ class OpenAIStream:
         return {"id": self.id, "object": self.obj, "created": self.created, "model": self.model}
 
     def open(self) -> bytes:
-        """vLLM's first chat chunk carries the role and no token (llama.cpp's a null content)."""
+        """vLLM's first chat chunk carries the role and no token."""
         if not self.chat:
             return b""
-        content = None if self.dialect == "llamacpp" else ""
         chunk: dict[str, Any] = {**self._head(), "choices": [{"index": 0, "delta": {"role": "assistant",
-                                 "content": content}, "logprobs": None, "finish_reason": None}]}
+                                 "content": ""}, "logprobs": None, "finish_reason": None}]}
         if self.dialect == "vllm":
             chunk["prompt_token_ids"] = self.job.prompt_ids if self.job.extras.token_ids else None
             chunk["prompt_text"] = None
@@ -269,7 +269,7 @@ class OpenAIStream:
         """Events for tokens ``start .. start+len(pieces)-1`` (one event per token)."""
         if not self.plain:
             return b"".join(self._rich(k, j) for k, j in enumerate(pieces, start))
-        last = -1 if self.final_chunk else self.n - 1
+        last = self.n - 1
         out = []
         for k, j in enumerate(pieces, start):
             parts = self.last_parts if k == last else self.parts
@@ -289,24 +289,117 @@ class OpenAIStream:
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
 
     def close(self, generated: int) -> bytes:
-        out = b""
-        if self.final_chunk:  # llama.cpp: the finish reason (and a completion's usage) on its own
-            choice: dict[str, Any] = ({"finish_reason": _openai_finish(self.choice), "index": 0, "delta": {}}
-                                      if self.chat else {"text": "", "index": 0, "logprobs": None,
-                                                         "finish_reason": _openai_finish(self.choice)})
-            chunk: dict[str, Any] = {"choices": [choice], "created": self.created, "id": self.id,
-                                     "model": self.model, "system_fingerprint": "b6000-sim", "object": self.obj}
-            if not self.chat:
-                chunk["usage"] = usage(self.prompt_tokens, generated)
-            out += self.prefix + orjson.dumps(chunk) + b"\n\n"
-            if not self.chat or not self.include_usage:
-                return out + self.prefix + b"[DONE]\n\n"
-        elif not self.include_usage:
+        if not self.include_usage:
             return self.prefix + b"[DONE]\n\n"
         chunk = {**self._head(), "choices": [], "usage": usage(self.prompt_tokens, generated)}
         if self.dialect == "vllm":
             chunk["system_fingerprint"] = VLLM_FINGERPRINT
-        return out + self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
+        return self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
+
+
+class LlamaCppStream:
+    """llama.cpp's SSE events for ``/v1/completions`` and ``/v1/chat/completions``, in its
+    own field order: the end in a chunk of its own after the last token (a completion's with
+    usage and timings; chat's usage in one more chunk when asked), ids ``chatcmpl-`` on both
+    routes, ``timings`` on every token's chunk with ``timings_per_token``."""
+
+    def __init__(self, chat: bool, model: str, job: Job, vocab: Vocab, include_usage: bool,
+                 data_prefix: bytes = b"data: ") -> None:
+        self.chat, self.model, self.job, self.vocab = chat, model, job, vocab
+        self.include_usage, self.prefix = include_usage, data_prefix
+        self.choice = job.choices[0]
+        self.texts = openai_texts(self.choice, trim_stop=True)
+        self.logprobs = _Logprobs("llamacpp", job, vocab, job.seed)
+        self.per_token = job.extras.timings_per_token
+        self.id, self.created = llamacpp_id(), int(time.time())
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def _event(self, choices: list[dict[str, Any]], generated: int, usage: dict[str, Any] | None = None,
+               timings: bool = False) -> bytes:
+        """One chunk; chat's id comes after ``created``, a completion's after its usage."""
+        chunk: dict[str, Any] = {"choices": choices, "created": self.created}
+        if self.chat:
+            chunk["id"] = self.id
+        chunk |= {"model": self.model, "system_fingerprint": LLAMACPP_BUILD, "object": self.obj}
+        if usage is not None:
+            chunk["usage"] = usage
+        if not self.chat:
+            chunk["id"] = self.id
+        if timings:
+            chunk["timings"] = llamacpp_timings(self.job.prompt_tokens, generated)
+        return self.prefix + orjson.dumps(chunk) + b"\n\n"
+
+    def open(self) -> bytes:
+        if not self.chat:
+            return b""
+        return self._event([{"finish_reason": None, "index": 0,
+                             "delta": {"role": "assistant", "content": None}}], 0)
+
+    def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
+        out = []
+        for k, j in enumerate(pieces, start):
+            lp = self.logprobs.llamacpp(k, [j])
+            if self.chat:
+                choice: dict[str, Any] = {"finish_reason": None, "index": 0, "delta": {"content": self.texts[k]}}
+                if lp is not None:
+                    choice["logprobs"] = lp
+            else:
+                choice = {"text": self.texts[k], "index": 0, "logprobs": lp, "finish_reason": None}
+            out.append(self._event([choice], k + 1, timings=self.per_token))
+        return b"".join(out)
+
+    def close(self, generated: int) -> bytes:
+        finish = _openai_finish(self.choice)
+        usage_now = llamacpp_usage(self.job.prompt_tokens, generated)
+        if not self.chat:  # usage and timings on the end's chunk, asked or not
+            return self._event([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish}],
+                               generated, usage_now, timings=True) + self.prefix + b"[DONE]\n\n"
+        end = [{"finish_reason": finish, "index": 0, "delta": {}}]
+        if not self.include_usage:
+            return self._event(end, generated, timings=True) + self.prefix + b"[DONE]\n\n"
+        return (self._event(end, generated) + self._event([], generated, usage_now, timings=True)
+                + self.prefix + b"[DONE]\n\n")
+
+
+def llamacpp_id() -> str:
+    """``chatcmpl-`` and 32 letters and digits, on either route."""
+    return "chatcmpl-" + "".join(_ALNUM[b % 62] for b in os.urandom(32))
+
+
+def llamacpp_usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def llamacpp_timings(prompt: int, predicted: int) -> dict[str, Any]:
+    """llama.cpp's timings, at a simulated 0.5 ms per prompt token and 2 ms per token out."""
+    prompt_ms, predicted_ms = 0.5 * prompt, 2.0 * predicted
+    return {"cache_n": 0, "prompt_n": prompt, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt if prompt else 0.0,
+            "prompt_per_second": 1000.0 * prompt / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+            "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0}
+
+
+def llamacpp_body(chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
+    """A whole llama.cpp answer (one choice: llama.cpp has no ``n``)."""
+    c = job.choices[0]
+    content = "".join(openai_texts(c, trim_stop=True))
+    lp = _Logprobs("llamacpp", job, vocab, job.seed).llamacpp(0, c.pieces)
+    if chat:
+        choice: dict[str, Any] = {"finish_reason": _openai_finish(c), "index": 0,
+                                  "message": {"role": "assistant", "content": content}}
+        if lp is not None:
+            choice["logprobs"] = lp
+    else:
+        choice = {"text": content, "index": 0, "logprobs": lp, "finish_reason": _openai_finish(c)}
+    generated = len(c.pieces)
+    return orjson.dumps({"choices": [choice], "created": int(time.time()), "model": model,
+                         "system_fingerprint": LLAMACPP_BUILD,
+                         "object": "chat.completion" if chat else "text_completion",
+                         "usage": llamacpp_usage(job.prompt_tokens, generated), "id": llamacpp_id(),
+                         "timings": llamacpp_timings(job.prompt_tokens, generated)})
 
 
 def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
@@ -314,7 +407,7 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) ->
     vllm = dialect == "vllm"
     choices = []
     for index, c in enumerate(job.choices):
-        texts = openai_texts(c, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        texts = openai_texts(c, trim_stop=not job.extras.include_stop)
         content = "".join(texts)
         logprobs = _Logprobs(dialect, job, vocab, job.seed + index)
         lp = logprobs.of(0, c.pieces, 0, chat)

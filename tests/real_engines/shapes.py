@@ -133,6 +133,21 @@ def differences(real: Any, simulated: Any, where: str = "") -> list[str]:
     return [f"{where}: engine {_short(real)} vs simulator {_short(simulated)}"]
 
 
+def uncovered(real: Any, simulated: Any, where: str = "") -> list[str]:
+    """What the simulator says that the engine does not say the same way (keys only the
+    engine has, and key order, aside): for the long descriptions (llama.cpp's /props) where
+    the simulator writes only what clients read."""
+    if _is_object(real) and _is_object(simulated):
+        r, out = dict(real), []
+        for k, v in simulated:
+            out += [f"{where}/{k}: only the simulator has it"] if k not in r else uncovered(r[k], v, f"{where}/{k}")
+        return out
+    if isinstance(real, list) and isinstance(simulated, list) and real[:1] == simulated[:1] == ["list"]:
+        if len(real) == len(simulated) == 2:
+            return uncovered(real[1], simulated[1], where + "[]")
+    return [] if real == simulated else [f"{where}: engine {_short(real)} vs simulator {_short(simulated)}"]
+
+
 def _is_object(s: Any) -> bool:
     return isinstance(s, list) and all(isinstance(p, tuple) and len(p) == 2 for p in s) and (
         not s or s[0] != "list")
