@@ -72,13 +72,19 @@ def test_models_from_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_settings().models[0].pools[0].replicas[0].url == "http://127.0.0.1:1"
 
 
-def test_the_readme_config_examples_load(tmp_path: Path) -> None:
-    """Every YAML block of the README that starts with `models:` is a config the gateway takes."""
+def test_the_documented_config_examples_load(tmp_path: Path) -> None:
+    """Every YAML block of the README and of docs/ that starts with `models:` is a config the
+    gateway takes."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("models:")]
-    assert len(blocks) >= 2  # "Running it" and "DNS discovery"
-    for block in blocks:
+    def blocks(path: Path) -> list[str]:
+        return [b for b in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S)
+                if b.startswith("models:")]
+
+    readme = blocks(ROOT / "README.md")
+    docs = [b for page in sorted((ROOT / "docs").glob("*.md")) for b in blocks(page)]
+    assert len(readme) >= 1  # the front page's example
+    assert len(docs) >= 2  # "Running it" (docs/index.md) and "DNS discovery" (docs/deploy.md)
+    for block in readme + docs:
         settings = load_settings(write(tmp_path, block))
         assert settings.models
