@@ -1,0 +1,40 @@
+"""Per-request observability, built from the data path's outcome records
+(``gateway.dataplane.outcome``): listeners registered at wiring, nothing in the request path.
+
+- ``access_log``: one JSON line per client request when it ends.
+- ``tracing``: an OpenTelemetry trace per request (request, admission, queue wait, each
+  attempt) exported over OTLP/HTTP, its context passed to the engine as ``traceparent``.
+
+Neither ever records a prompt, an output text or an API key's secret (a key's name only).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+    from gateway.dataplane.outcome import Listener
+
+
+def listeners(settings: "Settings") -> list["Listener"]:
+    """The observers ``settings`` turn on, to register with the outcomes (none by default;
+    OpenTelemetry is imported only when tracing is on)."""
+    found: list[Listener] = []
+    if settings.tracing.enabled:  # first: the access log reads the trace id it sets
+        from gateway.observe.tracing import Tracing, provider_from
+
+        found.append(Tracing(provider_from(settings.tracing)))
+    if settings.access_log.enabled:
+        from gateway.observe.access_log import AccessLog
+
+        found.append(AccessLog(settings.access_log))
+    return found
+
+
+async def close(observers: list["Listener"]) -> None:
+    """Write out what they hold (at shutdown)."""
+    for observer in observers:
+        closing = getattr(observer, "aclose", None)
+        if closing is not None:
+            await closing()

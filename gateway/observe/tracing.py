@@ -1,0 +1,248 @@
+"""OpenTelemetry traces of requests, built from the data path's records.
+
+A listener (``gateway.dataplane.outcome``): the request's span starts when the edge has read
+its headers (continuing the client's W3C ``traceparent``, or starting a trace) and ends with
+the answer; each attempt's span starts as it is sent, under the request's span (retries are
+siblings), and its context goes to the engine as ``traceparent``, so an engine that traces
+(vLLM's ``--otlp-traces-endpoint``) puts its own spans under it. Admission (body, window
+check, key limits) and the queue wait are spans of their own, drawn from the record's times.
+A canary shadow copy's attempt starts a trace of its own, linked to its primary's request.
+
+Attribute names follow the OpenTelemetry GenAI and HTTP semantic conventions where they name
+the fact (``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``http.route`` ...);
+the rest are ``llm_gateway.*``. Never a prompt, an output text or a key's secret.
+
+Times are ``perf_counter`` in the records; spans get wall-clock nanoseconds through one
+offset taken at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.config import ConfigError, TracingConfig
+from gateway.dataplane.outcome import Attempt, Listener, RequestRecord
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_EMPTY = Context()
+
+
+def _operation(record: RequestRecord) -> str:
+    """GenAI ``gen_ai.operation.name`` of the request."""
+    request = record.request
+    if request is not None and request.is_chat:
+        return "chat"
+    return "text_completion"
+
+
+class Tracing(Listener):
+    """Spans of requests and attempts, handed to ``provider``'s processors as they end."""
+
+    def __init__(self, provider: "TracerProvider") -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("llm-gateway")
+        # perf_counter seconds -> epoch nanoseconds
+        self.offset = time.time_ns() - int(time.perf_counter() * 1e9)
+
+    def ns(self, perf: float) -> int:
+        return int(perf * 1e9) + self.offset
+
+    # The client request.
+
+    def request_started(self, record: RequestRecord) -> None:
+        parent = _EMPTY
+        if record.traceparent is not None:
+            carrier = {"traceparent": record.traceparent.decode("latin-1")}
+            if record.tracestate is not None:
+                carrier["tracestate"] = record.tracestate.decode("latin-1")
+            parent = _PROPAGATOR.extract(carrier, context=_EMPTY)
+        span = self.tracer.start_span(
+            f"POST {record.route}", context=parent, kind=SpanKind.SERVER,
+            start_time=self.ns(record.arrival),
+            attributes={"http.request.method": "POST", "http.route": record.route,
+                        "llm_gateway.request_id": record.request_id,
+                        "llm_gateway.api": record.api.value})
+        record.trace = span
+        context = span.get_span_context()
+        if context.is_valid:
+            record.trace_id = format(context.trace_id, "032x")
+
+    def request_ended(self, record: RequestRecord) -> None:
+        span = record.trace
+        if span is None:
+            return
+        record.trace = None
+        if not span.is_recording():  # not sampled: nothing more to build
+            span.end(end_time=self.ns(record.ended_at))
+            return
+        if record.admitted_at:
+            self.tracer.start_span(
+                "admission", context=trace.set_span_in_context(span, _EMPTY),
+                start_time=self.ns(record.arrival)).end(end_time=self.ns(record.admitted_at))
+        request = record.request
+        attributes: dict[str, Any] = {
+            "http.response.status_code": record.status,
+            "llm_gateway.attempts": len(record.attempts),
+            "llm_gateway.retries": max(len(record.attempts) - 1, 0),
+            "llm_gateway.queue_wait_s": record.queued_for,
+            "llm_gateway.client_left": record.client_left,
+        }
+        if request is not None:
+            attributes.update(_request_attributes(record))
+        if record.model is not None:
+            attributes["llm_gateway.model"] = record.model
+        if record.key is not None:
+            attributes["llm_gateway.key"] = record.key
+        last = record.last
+        if last is not None:
+            attributes.update(_usage_attributes(last))
+            if last.first_at is not None:
+                attributes["llm_gateway.ttft_s"] = last.first_at - record.arrival
+        error = record.error or (last.error if last is not None else None)
+        if error is not None:
+            attributes["error.type"] = error
+        span.set_attributes(attributes)
+        if record.status >= 500 or error is not None:
+            span.set_status(Status(StatusCode.ERROR, error or str(record.status)))
+        span.end(end_time=self.ns(record.ended_at))
+
+    # Its attempts.
+
+    def sending(self, attempt: Attempt) -> tuple[bytes, bytes] | None:
+        record = attempt.record
+        if record is None:
+            return None
+        links = None
+        if record.primary is not None:  # a shadow copy: a trace of its own, linked
+            primary = record.primary.trace
+            parent = _EMPTY
+            if primary is not None and primary.get_span_context().is_valid:
+                links = [Link(primary.get_span_context(), {"llm_gateway.link": "primary"})]
+        elif record.trace is not None:
+            parent = trace.set_span_in_context(record.trace, _EMPTY)
+        else:
+            return None
+        queued = attempt.placement.queued_for
+        if queued and record.trace is not None and record.trace.is_recording():
+            self.tracer.start_span("queue", context=parent,
+                                   start_time=self.ns(attempt.sent_at - queued)
+                                   ).end(end_time=self.ns(attempt.sent_at))
+        replica = attempt.replica
+        span = self.tracer.start_span(
+            f"{_operation(record)} {replica.model}", context=parent, kind=SpanKind.CLIENT,
+            links=links, start_time=self.ns(attempt.sent_at),
+            attributes={"gen_ai.operation.name": _operation(record),
+                        "gen_ai.provider.name": replica.engine,
+                        "server.address": replica.url,
+                        "llm_gateway.replica": replica.name,
+                        "llm_gateway.pool": replica.pool,
+                        "llm_gateway.engine": replica.engine,
+                        "llm_gateway.role": attempt.role,
+                        "llm_gateway.attempt": len(record.attempts)})
+        attempt.trace = span
+        context = span.get_span_context()
+        return (b"traceparent", f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+                                f"{int(context.trace_flags):02x}".encode())
+
+    def ended(self, attempt: Attempt) -> None:
+        span = attempt.trace
+        if span is None:
+            return  # never sent (its translation failed), or tracing has no parent for it
+        attempt.trace = None
+        if span.is_recording():
+            attributes: dict[str, Any] = {"http.response.status_code": attempt.status}
+            if attempt.record is not None and attempt.record.request is not None:
+                attributes.update(_request_attributes(attempt.record))
+            attributes.update(_usage_attributes(attempt))
+            if attempt.first_at is not None:
+                span.add_event("first_token", timestamp=self.ns(attempt.first_at))
+                attributes["llm_gateway.ttft_s"] = attempt.first_at - attempt.arrival
+                decode = attempt.decode
+                if decode is not None:
+                    attributes["llm_gateway.itl_mean_s"] = decode[0]
+            if attempt.error is not None:
+                attributes["error.type"] = attempt.error
+                span.set_status(Status(StatusCode.ERROR, attempt.error))
+            span.set_attributes(attributes)
+        span.end(end_time=self.ns(attempt.ended_at))
+
+    async def aclose(self) -> None:
+        """Export what is left and stop the exporter (off the loop: an export may block)."""
+        await asyncio.to_thread(self.provider.shutdown)
+
+
+def _request_attributes(record: RequestRecord) -> dict[str, Any]:
+    request = record.request
+    assert request is not None
+    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(record),
+                                  "llm_gateway.stream": request.stream}
+    if request.model is not None:
+        attributes["gen_ai.request.model"] = request.model
+    elif record.model is not None:  # TGI names no model: the one it was served by
+        attributes["gen_ai.request.model"] = record.model
+    if request.max_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = request.max_tokens
+    if request.choices != 1:
+        attributes["gen_ai.request.choice.count"] = request.choices
+    return attributes
+
+
+def _usage_attributes(attempt: Attempt) -> dict[str, Any]:
+    usage = attempt.usage
+    attributes: dict[str, Any] = {}
+    if usage.prompt_tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
+    if usage.completion_tokens is not None:
+        attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+    if usage.finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [usage.finish_reason]
+    return attributes
+
+
+def provider_from(config: TracingConfig) -> "TracerProvider":
+    """The SDK's provider: OTLP/HTTP exporter behind a batch processor (the export runs on
+    the processor's thread, never on the event loop), parent-based ratio sampling.
+
+    Config values win; unset ones follow the SDK's environment variables
+    (``OTEL_EXPORTER_OTLP_*``, ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    ratio = config.sampling
+    if ratio is None:
+        ratio = _env_ratio()
+    attributes = {}
+    service = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "llm-gateway"
+    attributes[SERVICE_NAME] = service
+    provider = TracerProvider(resource=Resource.create(attributes),
+                              sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+    return provider
+
+
+def _env_ratio() -> float:
+    text = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if not text:
+        return 1.0
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG must be a number in [0, 1], got {text!r}")
+    return ratio
