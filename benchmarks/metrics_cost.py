@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from benchmarks.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
                                     Scenario, free_port, run_segment, start, stop, summarise,
@@ -30,17 +31,53 @@ SCENARIOS = [
 
 
 async def measure(ports: dict[str, int], pids: dict[str, int], per_target: float,
-                  rounds: int) -> dict[str, Any]:
+                  rounds: int, targets: tuple[str, ...] = ("on", "off")) -> dict[str, Any]:
+    """Each scenario on each target gateway, in turn: ``targets`` in order, then reversed,
+    and so on for ``rounds`` (drift cancels out)."""
     out: dict[str, Any] = {}
     for sc in SCENARIOS:
-        segments: dict[str, list] = {"on": [], "off": []}
+        segments: dict[str, list] = {t: [] for t in targets}
         for r in range(rounds):
-            for target in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            for target in (targets if r % 2 == 0 else targets[::-1]):
                 segments[target].append(await run_segment(ports[target], sc, per_target / rounds,
                                                           {"gateway": pids[target]}))
         out[sc.key] = {"scenario": sc.__dict__,
                        **{t: summarise(segments[t], sc, router="gateway") for t in segments}}
     return out
+
+
+@contextlib.contextmanager
+def gateways(configs: dict[str, dict[str, Any]], tmp: Path,
+             checkouts: dict[str, Path] | None = None
+             ) -> Iterator[tuple[dict[str, int], dict[str, int]]]:
+    """One simulated vLLM replica (core 1) and a gateway per ``configs`` entry in front of it
+    (core 0; each config's keys added to the model's), from ``checkouts[target]`` where given;
+    yields their ports and pids. All are stopped on exit."""
+    rport = free_port()
+    procs = []
+    try:
+        replica = start(["sim", "--dialect", "vllm", "--profile", "instant", "--port", str(rport),
+                         "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
+                        tmp / "replica.log")
+        procs.append(replica)
+        wait_ready(f"http://{HOST}:{rport}/health", replica)
+        ports, pids = {}, {}
+        for target, extra in configs.items():
+            config = tmp / f"gateway-{target}.yaml"
+            config.write_text(json.dumps({**extra, "models": [
+                {"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}", "engine": "vllm"}]}]}))
+            ports[target] = free_port()
+            gateway = start(["serve", "--config", str(config), "--port", str(ports[target]),
+                             "--log-level", "warning"], GATEWAY_CORE, tmp / f"gateway-{target}.log",
+                            **({"checkout": checkouts[target]} if checkouts and target in checkouts
+                               else {}))
+            procs.append(gateway)
+            wait_ready(f"http://{HOST}:{ports[target]}/ready", gateway)
+            pids[target] = gateway.pid
+        yield ports, pids
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
 
 
 def table(res: dict[str, Any]) -> str:
@@ -70,29 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {CLIENT_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="gw-metrics-cost-"))
-    rport = free_port()
-    procs = []
-    try:
-        replica = start(["sim", "--dialect", "vllm", "--profile", "instant", "--port", str(rport),
-                         "--model", MODEL, "--max-model-len", "4096"], REPLICA_CORE,
-                        tmp / "replica.log")
-        procs.append(replica)
-        wait_ready(f"http://{HOST}:{rport}/health", replica)
-        ports, pids = {}, {}
-        for target, enabled in (("on", True), ("off", False)):
-            config = tmp / f"gateway-{target}.yaml"
-            config.write_text(json.dumps({"metrics": enabled, "models": [
-                {"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}", "engine": "vllm"}]}]}))
-            ports[target] = free_port()
-            gateway = start(["serve", "--config", str(config), "--port", str(ports[target]),
-                             "--log-level", "warning"], GATEWAY_CORE, tmp / f"gateway-{target}.log")
-            procs.append(gateway)
-            wait_ready(f"http://{HOST}:{ports[target]}/ready", gateway)
-            pids[target] = gateway.pid
+    with gateways({"on": {"metrics": True}, "off": {"metrics": False}}, tmp) as (ports, pids):
         res = asyncio.run(measure(ports, pids, args.duration, args.rounds))
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(table(res))
     print(f"\nwritten: {args.out}", file=sys.stderr)

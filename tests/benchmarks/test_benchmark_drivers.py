@@ -22,6 +22,7 @@ SMOKE = {
     "fairness": ["--seconds", "1", "--out", "{out}"],
     "shadow": ["--seconds", "0.5", "--rounds", "1", "--users", "2", "--out", "{out}"],
     "metrics_cost": ["--duration", "0.5", "--rounds", "1", "--out", "{out}"],
+    "tracing_cost": ["--duration", "0.5", "--rounds", "1", "--out", "{out}"],
     "saturation": ["--seconds", "1", "--rounds", "1", "--connections", "8", "--out", "{out}"],
 }
 
