@@ -52,7 +52,6 @@ class Attempt:
     answered: bool = False  # the replica answered 2xx (a body, or a stream's start)
     error: str | None = None  # why it failed (the kinds above), None when it did not
     usage: Usage = field(default_factory=Usage)
-    record: "RequestRecord | None" = None  # the client request it is an attempt of
     trace: Any = None  # tracing's span of it (None: tracing off)
 
     @property
@@ -136,8 +135,10 @@ class Listener:
     """Hears of attempts and of client requests: override what you need (each is called
     at most once per attempt or request)."""
 
-    def sending(self, attempt: Attempt) -> tuple[bytes, bytes] | None:
-        """The attempt is about to be sent: a header to send with it, if any."""
+    def sending(self, attempt: Attempt, record: "RequestRecord") -> tuple[bytes, bytes] | None:
+        """The attempt of ``record`` is about to be sent: a header to send with it, if any.
+        (An attempt holds no reference to its record: the record holds its attempts, and a
+        cycle would leave each request's objects to the garbage collector.)"""
         return None
 
     def first_token(self, attempt: Attempt) -> None:
@@ -171,10 +172,10 @@ class Outcomes:
         self.sends = bool(self._sending)
         self.requests = bool(self._started or self._ended)
 
-    def sending(self, attempt: Attempt) -> list[tuple[bytes, bytes]]:
+    def sending(self, attempt: Attempt, record: RequestRecord) -> list[tuple[bytes, bytes]]:
         headers = []
         for listener in self._sending:
-            header = listener.sending(attempt)
+            header = listener.sending(attempt, record)
             if header is not None:
                 headers.append(header)
         return headers

@@ -51,7 +51,7 @@ class Relay:
         """Send to the replica, as one more attempt of ``record``. Raises GatewayError (lease
         released) if nothing can be sent to the client; its ``retry_kind`` is set when
         another replica may be tried."""
-        attempt = Attempt(request, placement, record.arrival, record=record)
+        attempt = Attempt(request, placement, record.arrival)
         record.attempts.append(attempt)
         request_id = record.request_id
         replica = placement.replica
@@ -69,7 +69,7 @@ class Relay:
                        (b"accept-encoding", b"identity"))
             attempt.sent_at = time.perf_counter()
             if self.outcomes.sends:  # tracing: the attempt's traceparent
-                headers += tuple(self.outcomes.sending(attempt))
+                headers += tuple(self.outcomes.sending(attempt, record))
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream
                                            else self.timeouts.total):

@@ -119,10 +119,7 @@ class Tracing(Listener):
 
     # Its attempts.
 
-    def sending(self, attempt: Attempt) -> tuple[bytes, bytes] | None:
-        record = attempt.record
-        if record is None:
-            return None
+    def sending(self, attempt: Attempt, record: RequestRecord) -> tuple[bytes, bytes] | None:
         links = None
         if record.primary is not None:  # a shadow copy: a trace of its own, linked
             primary = record.primary.trace
@@ -139,17 +136,18 @@ class Tracing(Listener):
                                    start_time=self.ns(attempt.sent_at - queued)
                                    ).end(end_time=self.ns(attempt.sent_at))
         replica = attempt.replica
+        attributes: dict[str, Any] = {"gen_ai.provider.name": replica.engine,
+                                      "server.address": replica.url,
+                                      "llm_gateway.replica": replica.name,
+                                      "llm_gateway.pool": replica.pool,
+                                      "llm_gateway.engine": replica.engine,
+                                      "llm_gateway.role": attempt.role,
+                                      "llm_gateway.attempt": len(record.attempts)}
+        if record.request is not None:
+            attributes.update(_request_attributes(record))
         span = self.tracer.start_span(
             f"{_operation(record)} {replica.model}", context=parent, kind=SpanKind.CLIENT,
-            links=links, start_time=self.ns(attempt.sent_at),
-            attributes={"gen_ai.operation.name": _operation(record),
-                        "gen_ai.provider.name": replica.engine,
-                        "server.address": replica.url,
-                        "llm_gateway.replica": replica.name,
-                        "llm_gateway.pool": replica.pool,
-                        "llm_gateway.engine": replica.engine,
-                        "llm_gateway.role": attempt.role,
-                        "llm_gateway.attempt": len(record.attempts)})
+            links=links, start_time=self.ns(attempt.sent_at), attributes=attributes)
         attempt.trace = span
         context = span.get_span_context()
         return (b"traceparent", f"00-{context.trace_id:032x}-{context.span_id:016x}-"
@@ -162,8 +160,6 @@ class Tracing(Listener):
         attempt.trace = None
         if span.is_recording():
             attributes: dict[str, Any] = {"http.response.status_code": attempt.status}
-            if attempt.record is not None and attempt.record.request is not None:
-                attributes.update(_request_attributes(attempt.record))
             attributes.update(_usage_attributes(attempt))
             if attempt.first_at is not None:
                 span.add_event("first_token", timestamp=self.ns(attempt.first_at))

@@ -163,6 +163,25 @@ def test_nothing_of_the_prompt_or_the_key_secret_is_exported(traced: tuple[str, 
     assert secret not in raw and "XYZSECRET" not in raw
 
 
+@pytest.mark.parametrize("traceparent,tracestate", [
+    (b"not-a-traceparent", b"x" * 8000),
+    (b"00-" + b"f" * 32 + b"-" + b"0" * 16 + b"-01", b"=,=,"),  # span id all zeros: invalid
+    (b"ff-" + b"1" * 32 + b"-" + b"2" * 16 + b"-zz", "\u00e9t\u00e9".encode("latin-1")),
+])
+def test_a_hostile_trace_context_is_ignored_and_the_request_served(
+        traced: tuple[str, Path], otlp: OtlpReceiver, traceparent: bytes,
+        tracestate: bytes) -> None:
+    url, _ = traced
+    request_id = f"hostile-{hash(traceparent) & 0xffff}"
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                   headers=[(b"x-request-id", request_id.encode()), (b"traceparent", traceparent),
+                            (b"tracestate", tracestate)])
+    assert r.status_code == 200
+    spans = otlp.wait_for(lambda s: request_span(s, request_id) is not None, what="span")
+    root = request_span(spans, request_id)
+    assert root is not None and root.parent_id == ""  # a trace of its own
+
+
 async def _mixed(url: str, n: int, seed: int) -> dict[str, int]:
     """``n`` requests of every kind, 16 at a time; returns each request id's status."""
     rng = random.Random(seed)

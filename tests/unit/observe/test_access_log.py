@@ -33,7 +33,7 @@ def served(traceparent: bytes | None = None) -> RequestRecord:
     for name, queued in (("r0", 0.25), ("r1", 0.0)):
         replica = Replica(name=name, url="http://h", engine="vllm", model="llama", pool="stable")
         one = Attempt(record.request, SimpleNamespace(replica=replica, queued_for=queued),
-                      record.arrival, record=record)  # type: ignore[arg-type]
+                      record.arrival)  # type: ignore[arg-type]
         record.attempts.append(one)
     failed, ok = record.attempts
     failed.end(502, CONNECT)

@@ -42,7 +42,7 @@ def attempt(record: RequestRecord, name: str, at: float, queued: float = 0.0) ->
     replica = Replica(name=name, url=f"http://10.0.0.1:80/{name}", engine="vllm",
                       model="llama", pool="stable")
     placement = SimpleNamespace(replica=replica, queued_for=queued)
-    one = Attempt(record.request, placement, record.arrival, record=record)  # type: ignore[arg-type]
+    one = Attempt(record.request, placement, record.arrival)  # type: ignore[arg-type]
     one.sent_at = at
     record.attempts.append(one)
     return one
@@ -53,13 +53,13 @@ def served_with_retry(outcomes: Outcomes, traceparent: bytes | None = None) -> R
     outcomes.request_started(record)
     record.request, record.model, record.key, record.admitted_at = request(), "llama", "team-a", 100.001
     first = attempt(record, "r0", 100.002, queued=0.001)
-    header = outcomes.sending(first)
+    header = outcomes.sending(first, record)
     assert header and header[0][0] == b"traceparent"
     first.end(502, HTTP_5XX)
     first.ended_at = 100.005
     outcomes.ended(first)
     second = attempt(record, "r1", 100.010)
-    outcomes.sending(second)
+    outcomes.sending(second, record)
     second.answered = True
     second.first_at, second.last_at = 100.050, 100.150
     second.usage = Usage(12, 11, "stop")
@@ -108,7 +108,7 @@ def test_the_attempts_traceparent_names_the_attempt_span() -> None:
     outcomes.request_started(record)
     record.request = request(stream=False)
     one = attempt(record, "r0", 1.1)
-    (name, value), = outcomes.sending(one)
+    (name, value), = outcomes.sending(one, record)
     one.end(200)
     outcomes.ended(one)
     record.ended_at = 1.2
@@ -145,7 +145,7 @@ def test_unsampled_requests_record_nothing_but_still_propagate_context() -> None
     outcomes.request_started(record)
     record.request = request()
     one = attempt(record, "r0", 1.1)
-    (_, value), = outcomes.sending(one)
+    (_, value), = outcomes.sending(one, record)
     assert not int(value[-2:], 16) & 1  # not sampled: the engine records nothing either
     one.end(200)
     outcomes.ended(one)
@@ -162,7 +162,7 @@ def test_a_shadow_attempt_is_its_own_trace_linked_to_its_primary() -> None:
     copy = RequestRecord("p-shadow", Api.OPENAI, "/v1/chat/completions", 1.1, primary=primary,
                          request=request(shadow=True))
     one = attempt(copy, "canary-0", 1.2)
-    outcomes.sending(one)
+    outcomes.sending(one, copy)
     one.end(200)
     outcomes.ended(one)
     shadow = exporter.get_finished_spans()[0]
