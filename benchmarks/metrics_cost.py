@@ -94,18 +94,31 @@ def table(res: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.metrics_cost",
-                                     description=__doc__.split("\n\n")[0])
+def side_by_side_parser(driver: str, doc: str) -> argparse.ArgumentParser:
+    """The options every side-by-side cost driver takes (--duration, --rounds, --out)."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{driver}",
+                                     description=doc.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=4.0,
                         help="measured seconds per scenario and gateway (default 4)")
     parser.add_argument("--rounds", type=int, default=2, help="alternations (default 2)")
-    parser.add_argument("--out", default="metrics-cost.json", help="JSON results file")
+    parser.add_argument("--out", default=f"{driver.replace('_', '-')}.json",
+                        help="JSON results file")
+    return parser
+
+
+def parse_side_by_side(parser: argparse.ArgumentParser,
+                       argv: list[str] | None) -> argparse.Namespace:
+    """Checked arguments; this process (the load generator) moves to the client core."""
     args = parser.parse_args(argv)
     if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 10:
         parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {CLIENT_CORE})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_side_by_side(side_by_side_parser("metrics_cost", __doc__), argv)
     tmp = Path(tempfile.mkdtemp(prefix="gw-metrics-cost-"))
     with gateways({"on": {"metrics": True}, "off": {"metrics": False}}, tmp) as (ports, pids):
         res = asyncio.run(measure(ports, pids, args.duration, args.rounds))

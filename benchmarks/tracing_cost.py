@@ -15,7 +15,6 @@ Figures: requests/s and tokens/s, and the gateway's CPU per request and per toke
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,8 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from benchmarks.metrics_cost import gateways, measure
-from benchmarks.overhead import CLIENT_CORE, HOST
+from benchmarks.metrics_cost import gateways, measure, parse_side_by_side, side_by_side_parser
+from benchmarks.overhead import HOST
 
 
 class Sink:
@@ -77,21 +76,12 @@ def table(res: dict[str, Any], targets: tuple[str, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tracing_cost",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=4.0,
-                        help="measured seconds per scenario and gateway (default 4)")
-    parser.add_argument("--rounds", type=int, default=2, help="alternations (default 2)")
+    parser = side_by_side_parser("tracing_cost", __doc__)
     parser.add_argument("--baseline", type=Path, help="another checkout's gateway, tracing "
                         "unconfigured (it may predate it), beside 'off'")
-    parser.add_argument("--out", default="tracing-cost.json", help="JSON results file")
-    args = parser.parse_args(argv)
-    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 10:
-        parser.error("--duration must be in (0, 60] and --rounds in [1, 10]")
+    args = parse_side_by_side(parser, argv)
     if args.baseline is not None and not (args.baseline / "gateway").is_dir():
         parser.error(f"--baseline {args.baseline}: no gateway package there")
-    if (os.cpu_count() or 1) >= 2:
-        os.sched_setaffinity(0, {CLIENT_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="gw-tracing-cost-"))
     sink = Sink()
     configs = variants(sink.url, tmp)
