@@ -10,6 +10,7 @@ Neither ever records a prompt, an output text or an API key's secret (a key's na
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,6 +31,26 @@ def listeners(settings: "Settings") -> list["Listener"]:
 
         found.append(AccessLog(settings.access_log))
     return found
+
+
+def check(settings: "Settings") -> None:
+    """Raise ConfigError for what the settings alone cannot tell: an access log file that
+    cannot be opened, an OTEL_TRACES_SAMPLER_ARG that is no ratio (at start, before any
+    worker process, rather than as each worker's traceback)."""
+    from gateway.config import ConfigError
+
+    if settings.tracing.enabled and settings.tracing.sampling is None:
+        from gateway.observe.tracing import env_ratio
+
+        env_ratio()
+    if settings.access_log.enabled and settings.access_log.path != "-":
+        from gateway.observe.access_log import open_log
+
+        try:
+            os.close(open_log(settings.access_log.path))
+        except OSError as exc:
+            raise ConfigError(f"access_log.path: cannot append to "
+                              f"{settings.access_log.path}: {exc.strerror}") from None
 
 
 async def close(observers: list["Listener"]) -> None:

@@ -91,6 +91,11 @@ def entry(record: RequestRecord, now_wall: float, now: float) -> dict[str, Any]:
     }
 
 
+def open_log(path: str) -> int:
+    """The file's descriptor, for appending (created if missing)."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+
 class AccessLog(Listener):
     """Writes a line per ended client request (a sampled share of them)."""
 
@@ -99,8 +104,7 @@ class AccessLog(Listener):
         self.interval = config.flush_interval
         self.rng = rng or random.Random()
         self.path = config.path
-        self.fd = 1 if config.path == "-" else os.open(
-            config.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self.fd = 1 if config.path == "-" else open_log(config.path)
         self._lines: list[bytes] = []
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None

@@ -221,7 +221,7 @@ def provider_from(config: TracingConfig) -> "TracerProvider":
 
     ratio = config.sampling
     if ratio is None:
-        ratio = _env_ratio()
+        ratio = env_ratio()
     attributes = {}
     service = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "llm-gateway"
     attributes[SERVICE_NAME] = service
@@ -231,7 +231,8 @@ def provider_from(config: TracingConfig) -> "TracerProvider":
     return provider
 
 
-def _env_ratio() -> float:
+def env_ratio() -> float:
+    """OTEL_TRACES_SAMPLER_ARG as a ratio (1.0 when unset)."""
     text = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
     if not text:
         return 1.0
