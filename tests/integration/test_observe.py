@@ -163,6 +163,21 @@ def test_nothing_of_the_prompt_or_the_key_secret_is_exported(traced: tuple[str, 
     assert secret not in raw and "XYZSECRET" not in raw
 
 
+def test_a_client_that_leaves_mid_stream_is_logged_as_such(traced: tuple[str, Path],
+                                                          otlp: OtlpReceiver) -> None:
+    url, log = traced
+    with httpx.stream("POST", url + "/v1/completions", timeout=30, headers={
+            "x-request-id": "leaves"}, json={"model": MODEL, "prompt": "x", "max_tokens": 2000,
+                                             "stream": True}) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # the first token, then gone
+    otlp.wait_for(lambda _: "leaves" in log_lines(log), what="the log line")
+    line = log_lines(log)["leaves"]
+    assert line["client_left"] and line["status"] == 200 and line["output_tokens"] < 2000
+    spans = otlp.wait_for(lambda s: request_span(s, "leaves") is not None, what="span")
+    assert request_span(spans, "leaves").attributes["llm_gateway.client_left"] is True
+
+
 @pytest.mark.parametrize("traceparent,tracestate", [
     (b"not-a-traceparent", b"x" * 8000),
     (b"00-" + b"f" * 32 + b"-" + b"0" * 16 + b"-01", b"=,=,"),  # span id all zeros: invalid
