@@ -79,10 +79,9 @@ class Tracing(Listener):
             record.trace_id = format(context.trace_id, "032x")
 
     def request_ended(self, record: RequestRecord) -> None:
-        span = record.trace
+        span = record.trace  # kept on the record: a shadow copy still sending links to it
         if span is None:
             return
-        record.trace = None
         if not span.is_recording():  # not sampled: nothing more to build
             span.end(end_time=self.ns(record.ended_at))
             return

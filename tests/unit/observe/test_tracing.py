@@ -159,13 +159,15 @@ def test_a_shadow_attempt_is_its_own_trace_linked_to_its_primary() -> None:
     outcomes = Outcomes([tracer])
     primary = RequestRecord("p", Api.OPENAI, "/v1/chat/completions", 1.0)
     outcomes.request_started(primary)
+    primary.ended_at = 1.05
+    outcomes.request_ended(primary)  # a short primary ends before its copy is sent
     copy = RequestRecord("p-shadow", Api.OPENAI, "/v1/chat/completions", 1.1, primary=primary,
                          request=request(shadow=True))
     one = attempt(copy, "canary-0", 1.2)
     outcomes.sending(one, copy)
     one.end(200)
     outcomes.ended(one)
-    shadow = exporter.get_finished_spans()[0]
+    shadow = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT)
     assert shadow.parent is None and shadow.attributes["llm_gateway.role"] == "shadow"
     assert shadow.links[0].context.span_id == primary.trace.get_span_context().span_id
     assert shadow.context.trace_id != primary.trace.get_span_context().trace_id
