@@ -22,6 +22,7 @@ import asyncio
 import os
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -55,8 +56,19 @@ class Tracing(Listener):
         # perf_counter seconds -> epoch nanoseconds
         self.offset = time.time_ns() - int(time.perf_counter() * 1e9)
 
+        self._addresses: dict[str, tuple[str, int]] = {}
+
     def ns(self, perf: float) -> int:
         return int(perf * 1e9) + self.offset
+
+    def _address(self, url: str) -> tuple[str, int]:
+        """A replica's host and port (``server.address``, ``server.port``), parsed once."""
+        address = self._addresses.get(url)
+        if address is None:
+            parts = urlsplit(url)
+            address = self._addresses[url] = (
+                parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        return address
 
     # The client request.
 
@@ -112,7 +124,10 @@ class Tracing(Listener):
         if error is not None:
             attributes["error.type"] = error
         span.set_attributes(attributes)
-        if record.status >= 500 or error is not None:
+        # As HTTP servers mark theirs: a 5xx, or a stream that broke after its 200; a 4xx
+        # is the client's (error.type still says which).
+        broke = last is not None and last.error is not None and record.status < 400
+        if record.status >= 500 or broke:
             span.set_status(Status(StatusCode.ERROR, error or str(record.status)))
         span.end(end_time=self.ns(record.ended_at))
 
@@ -135,8 +150,9 @@ class Tracing(Listener):
                                    start_time=self.ns(attempt.sent_at - queued)
                                    ).end(end_time=self.ns(attempt.sent_at))
         replica = attempt.replica
+        host, port = self._address(replica.url)
         attributes: dict[str, Any] = {"gen_ai.provider.name": replica.engine,
-                                      "server.address": replica.url,
+                                      "server.address": host, "server.port": port,
                                       "llm_gateway.replica": replica.name,
                                       "llm_gateway.pool": replica.pool,
                                       "llm_gateway.engine": replica.engine,

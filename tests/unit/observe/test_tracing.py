@@ -89,6 +89,9 @@ def test_a_retried_request_is_one_trace_with_sibling_attempts_and_the_engine_hea
     assert served.attributes["gen_ai.usage.output_tokens"] == 11
     assert served.attributes["gen_ai.response.finish_reasons"] == ("stop",)
     assert served.attributes["llm_gateway.replica"] == "r1"
+    assert (served.attributes["server.address"], served.attributes["server.port"]) == (
+        "10.0.0.1", 80)
+    assert root.status.is_unset  # served: the failed attempt is no failure of the request
     assert [e.name for e in served.events] == ["first_token"]
     # Times: the records' perf_counter seconds as nanoseconds apart.
     assert served.end_time - served.start_time == pytest.approx(140_000_000, abs=1000)
