@@ -43,14 +43,19 @@ def otlp() -> Iterator[OtlpReceiver]:
 def traced(otlp: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory,
            model_dir: Path) -> Iterator[tuple[str, Path]]:
     """(gateway URL, access log path): a replica that always fails (500) and one that
-    serves, taken in turn, so every other request is retried."""
+    serves, taken in turn, so every other request is retried; a canary pool shadows them
+    (every request copied)."""
     tokenizer = ("--tokenizer", str(model_dir))
     with sim("vllm", MODEL, 4096, *tokenizer, *PACED, "--error-rate", "1.0") as failing, \
-            sim("vllm", MODEL, 4096, *tokenizer, *PACED) as serving:
+            sim("vllm", MODEL, 4096, *tokenizer, *PACED) as serving, \
+            sim("vllm", MODEL, 4096, *tokenizer, *INSTANT) as shadow:
         path = tmp_path_factory.mktemp("traced")
         log = path / "access.log"
-        config = {"models": [{"name": MODEL, "tokenizer": str(model_dir), "replicas": [
-                      {"url": failing, "name": "failing"}, {"url": serving, "name": "serving"}]}],
+        config = {"models": [{"name": MODEL, "tokenizer": str(model_dir), "pools": [
+                      {"name": "stable", "replicas": [{"url": failing, "name": "failing"},
+                                                      {"url": serving, "name": "serving"}]},
+                      {"name": "canary", "shadow_of": "stable", "sample": 1.0,
+                       "replicas": [{"url": shadow, "name": "shadow"}]}]}],
                   "balancer": "round_robin", "health": {"interval": 0.5, "timeout": 1.0},
                   # the failing replica stays in (its failures are the point)
                   "outlier": {"consecutive_failures": 1000},
@@ -161,6 +166,27 @@ def test_nothing_of_the_prompt_or_the_key_secret_is_exported(traced: tuple[str, 
     otlp.wait_for(lambda _: "no-text" in log_lines(log), what="log line")
     raw = log.read_text()
     assert secret not in raw and "XYZSECRET" not in raw
+
+
+def test_a_shadow_copy_is_a_trace_of_its_own_linked_to_its_primary(
+        traced: tuple[str, Path], otlp: OtlpReceiver) -> None:
+    url, log = traced
+    r = httpx.post(url + "/v1/completions", headers={"x-request-id": "shadowed"},
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 3})
+    assert r.status_code == 200
+
+    def copy(spans: list[Span]) -> Span | None:
+        root = request_span(spans, "shadowed")
+        return None if root is None else next(
+            (s for s in spans if s.attributes.get("llm_gateway.role") == "shadow"
+             and (root.trace_id, root.span_id) in s.links), None)
+
+    spans = otlp.wait_for(lambda s: copy(s) is not None, what="the shadow's span")
+    shadow, root = copy(spans), request_span(spans, "shadowed")
+    assert shadow.parent_id == "" and shadow.trace_id != root.trace_id
+    assert shadow.attributes["llm_gateway.pool"] == "canary"
+    otlp.wait_for(lambda _: "shadowed" in log_lines(log), what="the log line")
+    assert "shadowed-shadow" not in log_lines(log)  # no client: no access log line
 
 
 def test_a_client_that_leaves_mid_stream_is_logged_as_such(traced: tuple[str, Path],
