@@ -23,9 +23,9 @@ def listeners(settings: "Settings") -> list["Listener"]:
     OpenTelemetry is imported only when tracing is on)."""
     found: list[Listener] = []
     if settings.tracing.enabled:  # first: the access log reads the trace id it sets
-        from gateway.observe.tracing import Tracing, provider_from
+        from gateway.observe.tracing import from_config
 
-        found.append(Tracing(provider_from(settings.tracing)))
+        found.append(from_config(settings.tracing))
     if settings.access_log.enabled:
         from gateway.observe.access_log import AccessLog
 

@@ -14,19 +14,28 @@ the rest are ``llm_gateway.*``. Never a prompt, an output text or a key's secret
 
 Times are ``perf_counter`` in the records; spans get wall-clock nanoseconds through one
 offset taken at start.
+
+Sampling is decided here, before the SDK is called: a request not sampled (the share
+``1 - sampling`` of those that start a trace here, and those whose client's ``traceparent``
+says not sampled) gets a non-recording span made of two random ids, no more, and so do its
+attempts, whose ``traceparent`` still goes to the engine (flags 00: the engine records
+nothing either). The SDK, which costs tens of microseconds per span before any export, sees
+only the requests that are recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import (INVALID_SPAN_ID, Link, NonRecordingSpan, SpanContext,
+                                 SpanKind, Status, StatusCode, TraceFlags)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.config import ConfigError, TracingConfig
@@ -37,6 +46,15 @@ if TYPE_CHECKING:
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _EMPTY = Context()
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+def _unsampled(trace_id: int) -> NonRecordingSpan:
+    """A span that records nothing, in trace ``trace_id``, with a span id of its own."""
+    span_id = random.getrandbits(64)
+    while span_id == INVALID_SPAN_ID:
+        span_id = random.getrandbits(64)
+    return NonRecordingSpan(SpanContext(trace_id, span_id, False, _UNSAMPLED))
 
 
 def _operation(record: RequestRecord) -> str:
@@ -50,8 +68,11 @@ def _operation(record: RequestRecord) -> str:
 class Tracing(Listener):
     """Spans of requests and attempts, handed to ``provider``'s processors as they end."""
 
-    def __init__(self, provider: "TracerProvider") -> None:
+    def __init__(self, provider: "TracerProvider", sampling: float = 1.0) -> None:
+        """``provider`` records what it is given (its sampler: parent-based, always on for
+        roots); ``sampling`` is the share of the traces started here that are recorded."""
         self.provider = provider
+        self.sampling = sampling
         self.tracer = provider.get_tracer("llm-gateway")
         # perf_counter seconds -> epoch nanoseconds
         self.offset = time.time_ns() - int(time.perf_counter() * 1e9)
@@ -79,6 +100,13 @@ class Tracing(Listener):
             if record.tracestate is not None:
                 carrier["tracestate"] = record.tracestate.decode("latin-1")
             parent = _PROPAGATOR.extract(carrier, context=_EMPTY)
+            remote = trace.get_current_span(parent).get_span_context()
+            if remote.is_valid and not remote.trace_flags.sampled:  # the client's "no"
+                self._unrecorded(record, remote.trace_id)
+                return
+        elif self.sampling < 1.0 and random.random() >= self.sampling:
+            self._unrecorded(record, random.getrandbits(128) or 1)
+            return
         span = self.tracer.start_span(
             f"POST {record.route}", context=parent, kind=SpanKind.SERVER,
             start_time=self.ns(record.arrival),
@@ -89,6 +117,11 @@ class Tracing(Listener):
         context = span.get_span_context()
         if context.is_valid:
             record.trace_id = format(context.trace_id, "032x")
+
+    @staticmethod
+    def _unrecorded(record: RequestRecord, trace_id: int) -> None:
+        record.trace = _unsampled(trace_id)
+        record.trace_id = format(trace_id, "032x")
 
     def request_ended(self, record: RequestRecord) -> None:
         span = record.trace  # kept on the record: a shadow copy still sending links to it
@@ -101,18 +134,27 @@ class Tracing(Listener):
             self.tracer.start_span(
                 "admission", context=trace.set_span_in_context(span, _EMPTY),
                 start_time=self.ns(record.arrival)).end(end_time=self.ns(record.admitted_at))
+        # Each attribute costs the SDK microseconds: what is always so (a zero, a false) or
+        # said by another attribute is left out.
         request = record.request
         attributes: dict[str, Any] = {
             "http.response.status_code": record.status,
-            "llm_gateway.attempts": len(record.attempts),
             "llm_gateway.retries": max(len(record.attempts) - 1, 0),
-            "llm_gateway.queue_wait_s": record.queued_for,
-            "llm_gateway.client_left": record.client_left,
         }
+        queued = record.queued_for
+        if queued:
+            attributes["llm_gateway.queue_wait_s"] = queued
+        if record.client_left:
+            attributes["llm_gateway.client_left"] = True
         if request is not None:
             attributes.update(_request_attributes(record))
-        if record.model is not None:
-            attributes["llm_gateway.model"] = record.model
+            attributes["llm_gateway.stream"] = request.stream
+            if request.max_tokens is not None:
+                attributes["gen_ai.request.max_tokens"] = request.max_tokens
+            if request.choices != 1:
+                attributes["gen_ai.request.choice.count"] = request.choices
+        if record.model is not None and record.model != attributes.get("gen_ai.request.model"):
+            attributes["llm_gateway.model"] = record.model  # the client's name was an alias
         if record.key is not None:
             attributes["llm_gateway.key"] = record.key
         last = record.last
@@ -141,6 +183,9 @@ class Tracing(Listener):
             if primary is not None and primary.get_span_context().is_valid:
                 links = [Link(primary.get_span_context(), {"llm_gateway.link": "primary"})]
         elif record.trace is not None:
+            if not record.trace.is_recording():  # not sampled: ids only, no SDK
+                span = attempt.trace = _unsampled(record.trace.get_span_context().trace_id)
+                return _traceparent(span)
             parent = trace.set_span_in_context(record.trace, _EMPTY)
         else:
             return None
@@ -155,18 +200,16 @@ class Tracing(Listener):
                                       "server.address": host, "server.port": port,
                                       "llm_gateway.replica": replica.name,
                                       "llm_gateway.pool": replica.pool,
-                                      "llm_gateway.engine": replica.engine,
-                                      "llm_gateway.role": attempt.role,
                                       "llm_gateway.attempt": len(record.attempts)}
+        if record.primary is not None:
+            attributes["llm_gateway.role"] = "shadow"
         if record.request is not None:
             attributes.update(_request_attributes(record))
         span = self.tracer.start_span(
             f"{_operation(record)} {replica.model}", context=parent, kind=SpanKind.CLIENT,
             links=links, start_time=self.ns(attempt.sent_at), attributes=attributes)
         attempt.trace = span
-        context = span.get_span_context()
-        return (b"traceparent", f"00-{context.trace_id:032x}-{context.span_id:016x}-"
-                                f"{int(context.trace_flags):02x}".encode())
+        return _traceparent(span)
 
     def ended(self, attempt: Attempt) -> None:
         span = attempt.trace
@@ -193,19 +236,21 @@ class Tracing(Listener):
         await asyncio.to_thread(self.provider.shutdown)
 
 
+def _traceparent(span: Any) -> tuple[bytes, bytes]:
+    context = span.get_span_context()
+    return (b"traceparent", f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+                            f"{int(context.trace_flags):02x}".encode())
+
+
 def _request_attributes(record: RequestRecord) -> dict[str, Any]:
+    """What both the request's and its attempts' spans say of the request."""
     request = record.request
     assert request is not None
-    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(record),
-                                  "llm_gateway.stream": request.stream}
+    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(record)}
     if request.model is not None:
         attributes["gen_ai.request.model"] = request.model
     elif record.model is not None:  # TGI names no model: the one it was served by
         attributes["gen_ai.request.model"] = record.model
-    if request.max_tokens is not None:
-        attributes["gen_ai.request.max_tokens"] = request.max_tokens
-    if request.choices != 1:
-        attributes["gen_ai.request.choice.count"] = request.choices
     return attributes
 
 
@@ -221,9 +266,16 @@ def _usage_attributes(attempt: Attempt) -> dict[str, Any]:
     return attributes
 
 
+def from_config(config: TracingConfig) -> Tracing:
+    """Tracing as configured: the SDK's provider and the sampling ratio."""
+    ratio = config.sampling if config.sampling is not None else env_ratio()
+    return Tracing(provider_from(config), ratio)
+
+
 def provider_from(config: TracingConfig) -> "TracerProvider":
     """The SDK's provider: OTLP/HTTP exporter behind a batch processor (the export runs on
-    the processor's thread, never on the event loop), parent-based ratio sampling.
+    the processor's thread, never on the event loop). Its sampler is parent-based and always
+    on for roots: ``Tracing`` has made the ratio's decision before it calls the SDK.
 
     Config values win; unset ones follow the SDK's environment variables
     (``OTEL_EXPORTER_OTLP_*``, ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_SERVICE_NAME``,
@@ -232,16 +284,13 @@ def provider_from(config: TracingConfig) -> "TracerProvider":
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
-    ratio = config.sampling
-    if ratio is None:
-        ratio = env_ratio()
     attributes = {}
     service = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "llm-gateway"
     attributes[SERVICE_NAME] = service
     provider = TracerProvider(resource=Resource.create(attributes),
-                              sampler=ParentBased(TraceIdRatioBased(ratio)))
+                              sampler=ParentBased(ALWAYS_ON))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
     return provider
 

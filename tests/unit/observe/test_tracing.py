@@ -9,13 +9,13 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind
 
 from gateway.config import ConfigError, TracingConfig
 from gateway.dataplane.outcome import HTTP_5XX, Attempt, Outcomes, RequestRecord
 from gateway.fleet.replica import Replica
-from gateway.observe.tracing import Tracing, provider_from
+from gateway.observe.tracing import Tracing, from_config
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
@@ -26,9 +26,9 @@ CLIENT_PARENT = "b7ad6b7169203331"
 
 def tracing(ratio: float = 1.0) -> tuple[Tracing, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_ON))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Tracing(provider), exporter
+    return Tracing(provider, ratio), exporter
 
 
 def request(stream: bool = True, shadow: bool = False) -> GenerationRequest:
@@ -179,18 +179,51 @@ def test_a_shadow_attempt_is_its_own_trace_linked_to_its_primary() -> None:
 def test_config_and_the_sdk_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
-    provider = provider_from(TracingConfig(enabled=True))
+    tracer = from_config(TracingConfig(enabled=True))
     try:
-        assert provider.resource.attributes["service.name"] == "from-env"
-        assert "0.25" in provider.sampler.get_description()
+        assert tracer.provider.resource.attributes["service.name"] == "from-env"
+        assert tracer.sampling == 0.25
     finally:
-        provider.shutdown()
-    provider = provider_from(TracingConfig(enabled=True, sampling=0.5, service_name="gw"))
+        tracer.provider.shutdown()
+    tracer = from_config(TracingConfig(enabled=True, sampling=0.5, service_name="gw"))
     try:  # the config file wins
-        assert provider.resource.attributes["service.name"] == "gw"
-        assert "0.5" in provider.sampler.get_description()
+        assert tracer.provider.resource.attributes["service.name"] == "gw"
+        assert tracer.sampling == 0.5
     finally:
-        provider.shutdown()
+        tracer.provider.shutdown()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
-        provider_from(TracingConfig(enabled=True))
+        from_config(TracingConfig(enabled=True))
+
+
+def test_the_sampling_ratio_records_about_that_share_and_the_rest_costs_no_sdk_span() -> None:
+    tracer, exporter = tracing(ratio=0.2)
+    outcomes = Outcomes([tracer])
+    recorded = 0
+    for i in range(500):
+        record = RequestRecord(f"r{i}", Api.OPENAI, "/v1/completions", 1.0)
+        outcomes.request_started(record)
+        record.request = request()
+        one = attempt(record, "r0", 1.1)
+        (_, value), = outcomes.sending(one, record)
+        assert value.decode().split("-")[1] == record.trace_id  # one trace id, logged too
+        one.end(200)
+        outcomes.ended(one)
+        recorded += record.trace.is_recording()  # (before its end)
+        record.ended_at = 1.2
+        outcomes.request_ended(record)
+    assert 60 < recorded < 140
+    assert len([s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]) == recorded
+
+
+def test_a_clients_unsampled_traceparent_is_kept_unsampled_in_its_trace() -> None:
+    tracer, exporter = tracing(ratio=1.0)
+    outcomes = Outcomes([tracer])
+    record = RequestRecord("r", Api.OPENAI, "/v1/completions", 1.0,
+                           f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-00".encode())
+    outcomes.request_started(record)
+    record.request = request()
+    one = attempt(record, "r0", 1.1)
+    (_, value), = outcomes.sending(one, record)
+    assert value.startswith(f"00-{CLIENT_TRACE}-".encode()) and value.endswith(b"-00")
+    assert record.trace_id == CLIENT_TRACE and not record.trace.is_recording()
