@@ -19,17 +19,18 @@ from gateway.sim import textgen
 from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respond_json, start_stream,
                               wait_disconnect, watch_disconnect, write)
 from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
-from gateway.sim.engine import Sequence, block_hashes, make_engine
+from gateway.sim.engine import make_engine
+from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
-from gateway.sim.wire import OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
+from gateway.sim.wire import VLLM_VERSION, OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
 from gateway.tokens import ModelTokenizer
 
 Handler = Callable[[Request], Awaitable[None]]
 FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
-VERSION = {"vllm": "0.15.1", "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": "b6000"}
+VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": "b6000"}
 
 
 @dataclass

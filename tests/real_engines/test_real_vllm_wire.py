@@ -28,6 +28,7 @@ from engines import Engine, vllm
 from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer
+from shapes import SHAPE_REQUESTS, differences, metric_families, same_shapes, shape
 from support import gateway_server, sim
 from tee import Tee, tee
 
@@ -348,6 +349,46 @@ def test_bench_through_the_gateway_and_straight_to_the_engine(
         # weights' end-of-sequence token): what the engine says it generated.
         assert run["output_tokens"] == generated > 0
         assert run["output_tokens_per_s"] > 0
+
+
+# The shape checks' requests, and one only vLLM takes (token ids in the stream)
+VLLM_SHAPE_REQUESTS = {**SHAPE_REQUESTS, "completion stream logprobs+token ids": (
+    "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 6, "stream": True,
+                        "logprobs": 2, "return_token_ids": True}),
+    # 903 prompt tokens: 0.32 answers 200 with max_tokens cut to the 121 left
+    "output past the window": ("/v1/completions", {"prompt": "word " * 450, "max_tokens": 200}),
+    "nothing left for output": ("/v1/completions", {"prompt": [5] * 1024, "max_tokens": 10})}
+
+
+@pytest.fixture(scope="module")
+def simulated_vllm(tiny_model: Path) -> Iterator[str]:
+    """The vLLM simulator serving the same name, window and tokenizer as the real engine."""
+    with sim("vllm", "tiny", 1024, "--tokenizer", str(tiny_model)) as url:
+        yield url
+
+
+@pytest.mark.parametrize("name", list(VLLM_SHAPE_REQUESTS))
+def test_the_simulator_answers_in_the_engines_shapes(engine: Engine, simulated_vllm: str,
+                                                     name: str) -> None:
+    assert same_shapes(engine.url, simulated_vllm, *VLLM_SHAPE_REQUESTS[name]) == []
+
+
+def test_the_simulator_lists_its_model_and_metrics_as_the_engine_does(
+        engine: Engine, simulated_vllm: str) -> None:
+    """Its /v1/models in the engine's shape; each vllm: family it exposes, the engine exposes
+    with the same type and at least its labels; and both expose what the gateway reads."""
+    real, simulated = (shape(httpx.get(u + "/v1/models").json()) for u in (engine.url, simulated_vllm))
+    assert differences(real, simulated) == []
+    real_families, sim_families = metric_families(engine.url), metric_families(simulated_vllm)
+    wrong = {name: (real_families.get(name), kind) for name, (kind, labels) in sim_families.items()
+             if name.startswith("vllm:") and not (
+                 name in real_families and real_families[name][0] == kind
+                 and labels <= real_families[name][1])}
+    assert wrong == {}
+    read = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:num_requests_waiting_by_reason", "vllm:cache_config_info",
+            "vllm:time_to_first_token_seconds", "vllm:request_success"}
+    assert read - set(real_families) == set() and read - set(sim_families) == set()
 
 
 @pytest.fixture(scope="module")
