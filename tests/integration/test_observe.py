@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 
+from gateway.access.secret import hash_secret
 from otlp_receiver import OtlpReceiver, Span, children
 from scrape import metric_sum
 from support import gateway_server, sim
@@ -225,6 +226,9 @@ def test_a_hostile_trace_context_is_ignored_and_the_request_served(
     assert root is not None and root.parent_id == ""  # a trace of its own
 
 
+KEYS = {"team-a": "sk-secret-aaaa", "team-b": "sk-secret-bbbb"}  # name -> secret
+
+
 async def _mixed(url: str, n: int, seed: int) -> dict[str, int]:
     """``n`` requests of every kind, 16 at a time; returns each request id's status."""
     rng = random.Random(seed)
@@ -249,8 +253,10 @@ async def _mixed(url: str, n: int, seed: int) -> dict[str, int]:
     async def one(client: aiohttp.ClientSession, i: int) -> None:
         path, body = rng.choices(kinds, weights)[0]
         request_id = f"mixed-{i}"
+        secret = rng.choices(list(KEYS.values()) + ["sk-wrong"], [49, 49, 2])[0]  # 2%: 401
         async with limit, client.post(url + path, data=orjson.dumps(body()), headers={
-                "x-request-id": request_id, "content-type": "application/json"}) as r:
+                "x-request-id": request_id, "content-type": "application/json",
+                "authorization": f"Bearer {secret}"}) as r:
             await r.read()
             statuses[request_id] = r.status
 
@@ -272,6 +278,8 @@ def test_the_access_log_of_a_mixed_run_agrees_with_the_metrics(
                       {"url": vllm_a, "name": "a"}, {"url": tgi, "engine": "tgi", "name": "t"},
                       {"url": flaky, "name": "flaky"}]}],
                   "health": {"interval": 0.5, "timeout": 1.0},
+                  "auth": {"keys": [{"name": name, "sha256": hash_secret(secret)}
+                                    for name, secret in KEYS.items()]},
                   "access_log": {"enabled": True, "path": str(log)}}
         with gateway_server(tmp_path, config) as (url, proc):
             statuses = asyncio.run(_mixed(url, n, seed=32))  # about 2 s here
@@ -284,6 +292,8 @@ def test_the_access_log_of_a_mixed_run_agrees_with_the_metrics(
                 ("llm_gateway_generation_tokens_total", {"role": "primary"})]}
             key5xx = metric_sum(url, "llm_gateway_requests_total", role="primary",
                                 status="5xx")
+            per_key = {name: metric_sum(url, "llm_gateway_key_requests_total", key=name)
+                       for name in KEYS}
         lines = log_lines(log)  # the gateway has stopped: everything is written
     assert set(lines) == set(statuses)  # one line per request
     assert all(lines[i]["status"] == status for i, status in statuses.items())
@@ -301,3 +311,11 @@ def test_the_access_log_of_a_mixed_run_agrees_with_the_metrics(
     assert {line["status"] for line in values} >= {200, 400, 404}
     assert {line["api"] for line in values} == {"openai", "tgi"}
     assert {line["replica"] for line in values} >= {"a", "t"}
+    # Keys by name, never their secrets; per key, the admitted requests the metrics count.
+    assert {line["key"] for line in values} == {*KEYS, None}
+    assert all(line["key"] is None for line in values if line["status"] == 401)
+    for name in KEYS:
+        assert sum(1 for line in values if line["key"] == name and line["attempts"]) == \
+            per_key[name], name
+    text = log.read_text()
+    assert not any(secret in text for secret in KEYS.values())
