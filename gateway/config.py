@@ -356,6 +356,33 @@ class AuthConfig(_Strict):
         return self
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces over OTLP/HTTP (``gateway/observe/tracing.py``). Unset fields
+    follow the SDK's environment variables, then the SDK's defaults."""
+
+    enabled: bool = Field(False, description="export a trace of each request")
+    endpoint: str | None = Field(None, min_length=1, description="OTLP/HTTP traces URL, e.g. "
+                                 "http://otel-collector:4318/v1/traces; unset: "
+                                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or "
+                                 "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, or "
+                                 "http://localhost:4318/v1/traces")
+    sampling: float | None = Field(None, ge=0, le=1, description="share of traces started "
+                                   "here that are recorded (a client's traceparent decides "
+                                   "for its own); unset: OTEL_TRACES_SAMPLER_ARG, or 1.0")
+    service_name: str | None = Field(None, min_length=1, description="unset: "
+                                     "OTEL_SERVICE_NAME, or llm-gateway")
+
+
+class AccessLogConfig(_Strict):
+    """One JSON line per client request when it ends (``gateway/observe/access_log.py``)."""
+
+    enabled: bool = False
+    path: str = Field("-", min_length=1, description="'-' for stdout, else a file appended to")
+    sampling: float = Field(1.0, ge=0, le=1, description="share of requests logged")
+    flush_interval: float = Field(0.5, gt=0, le=60, description="seconds lines may wait in "
+                                  "memory before they are written")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -392,6 +419,8 @@ class Settings(BaseSettings):
     auth: AuthConfig | None = Field(None, description="API keys and per-key limits; unset = "
                                     "open, as without keys")
     canary: CanaryConfig = CanaryConfig()
+    tracing: TracingConfig = TracingConfig()
+    access_log: AccessLogConfig = AccessLogConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -19,6 +19,7 @@ import sys
 
 import uvicorn
 
+from gateway import observe
 from gateway.app import CONFIG_ENV, create_app
 from gateway.config import ConfigError, load_settings
 from gateway.metrics import prepare_multiprocess_dir
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings(args.config)
+        observe.check(settings)
     except ConfigError as exc:
         print(f"llm-gateway: {exc}", file=sys.stderr)
         return 2

@@ -9,3 +9,4 @@ from dataclasses import dataclass
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: str | None = None  # why generation stopped, as the client was told

@@ -88,3 +88,21 @@ def test_the_documented_config_examples_load(tmp_path: Path) -> None:
     for block in readme + docs:
         settings = load_settings(write(tmp_path, block))
         assert settings.models
+
+
+def test_tracing_and_access_log_are_off_unless_configured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(write(tmp_path, CONFIG))
+    assert not settings.tracing.enabled and not settings.access_log.enabled
+    path = write(tmp_path, CONFIG + "tracing: {enabled: true, sampling: 0.01}\n"
+                 "access_log: {enabled: true, path: /var/log/gw.jsonl, sampling: 0.5}\n")
+    settings = load_settings(path)
+    assert settings.tracing.sampling == 0.01 and settings.access_log.path == "/var/log/gw.jsonl"
+    monkeypatch.setenv("GATEWAY_TRACING__SERVICE_NAME", "edge")
+    assert load_settings(path).tracing.service_name == "edge"
+    for bad, key in [("tracing: {sampling: 2}", "tracing.sampling"),
+                     ("tracing: {endpoint: x, exporter: y}", "tracing.exporter"),
+                     ("access_log: {sampling: -0.1}", "access_log.sampling"),
+                     ("access_log: {path: ''}", "access_log.path")]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_settings(write(tmp_path, CONFIG + bad + "\n"))
