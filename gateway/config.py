@@ -162,7 +162,7 @@ class BackpressureConfig(_Strict):
 
 
 class SchedulingConfig(_Strict):
-    """Weights of the default balancer, least_expected_work (README "Scheduling"). Scores
+    """Weights of the default balancer, least_expected_work (docs/performance.md "Scheduling"). Scores
     are in output-token equivalents; every default works without tuning."""
 
     prefill_weight: float = Field(1.0, ge=0, description="one prompt token still to prefill, "
@@ -243,7 +243,7 @@ class CanaryJudgeConfig(_Strict):
 
 
 class CanaryConfig(_Strict):
-    """Canary comparison between pools (README "Canary")."""
+    """Canary comparison between pools (docs/canary.md "Canary")."""
 
     allow_pool_header: bool = Field(True, description="x-gateway-pool: NAME forces a pool "
                                     "(testers); false = the header is ignored")
@@ -310,7 +310,7 @@ KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a metric label value:
 
 
 class KeyLimits(_Strict):
-    """Per-key limits (README "API keys and limits"); unset = unlimited. The "minute" is
+    """Per-key limits (docs/keys-and-limits.md "API keys and limits"); unset = unlimited. The "minute" is
     ``auth.window`` seconds (60 unless shortened, e.g. for tests)."""
 
     requests_per_minute: int | None = Field(None, ge=1)
@@ -392,7 +392,7 @@ class Settings(BaseSettings):
     balancer: str = "least_expected_work"
     scheduling: SchedulingConfig = SchedulingConfig()
     redis_url: str | None = None
-    # Shared state (with redis_url; README "Several instances"): every key under the prefix.
+    # Shared state (with redis_url; docs/deploy.md "Several instances"): every key under the prefix.
     redis_key_prefix: str = Field("llm-gateway:", min_length=1)
     redis_sync_interval: float = Field(0.1, gt=0, le=10, description="seconds between syncs "
                                        "(a request placed or ended is announced at once)")
