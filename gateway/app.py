@@ -48,6 +48,7 @@ from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.replica import Replica
+from gateway.fleet.served_names import NameRefresher
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import tgi as tgi_protocol
@@ -141,6 +142,11 @@ class Gateway:
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
+        # The names each engine serves (aliases, adapters loaded at run time), read again.
+        self.names = NameRefresher(lambda: self.replicas, self.probe_session,
+                                   self.settings.health.names_interval,
+                                   self.settings.health.timeout)
+        self._tasks.append(asyncio.create_task(self.names.run(), name="served-names"))
         # `dns:` replica entries: one replica per resolved address, kept up to date.
         self.dns = DnsDiscovery.from_settings(self.settings, self.fleet,
                                               lambda name: self.ledger.own_load(name).in_flight)

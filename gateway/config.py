@@ -79,6 +79,12 @@ class PoolConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list, description="more names the model's "
+                               "engines serve it under (vLLM `--served-model-name a b`): "
+                               "routed to every replica of the entry, forwarded as sent")
+    discover_names: bool = Field(True, description="also route every name a replica lists on "
+                                 "its /v1/models (aliases, LoRA adapters with `parent`) to the "
+                                 "replicas that list it; false = only the configured names")
     tokenizer: str | None = None
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
@@ -124,6 +130,9 @@ class HealthConfig(_Strict):
     timeout: float = Field(2.0, gt=0)
     unhealthy_after: int = Field(2, ge=1, description="consecutive failed probes")
     healthy_after: int = Field(1, ge=1, description="consecutive passed probes")
+    names_interval: float = Field(10.0, gt=0, description="seconds between reads of each "
+                                  "OpenAI-dialect replica's /v1/models: the names it serves "
+                                  "(adapters loaded at run time, engines restarted)")
 
 
 class OutlierConfig(_Strict):
@@ -398,6 +407,11 @@ class Settings(BaseSettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
+        every = [n for m in self.models for n in (m.name, *m.aliases)]
+        twice = sorted({n for n in every if every.count(n) > 1})
+        if twice:
+            raise ValueError(f"model names and aliases must be unique across models: {twice} "
+                             "given twice")
         if self.default_model is not None and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not one of {names}")
         if self.balancer not in POLICIES:

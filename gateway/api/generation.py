@@ -181,10 +181,10 @@ class GenerationEndpoint:
         await send_error(send, error, self.api, request_id)
 
     def _model_label(self, name: str | None) -> str:
-        """Only configured names become label values (client input never does)."""
-        models = self.gateway.admitter.models
-        if name in models:
-            return name  # type: ignore[return-value]
+        """Only served names (configured, or listed by an engine) become label values
+        (client input never does)."""
+        if name is not None and self.gateway.admitter.names.resolve(name) is not None:
+            return name
         default = self.gateway.admitter.default_model
         return default if default is not None and (name is None or self.api is Api.TGI) else "unknown"
 

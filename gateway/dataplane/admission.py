@@ -23,6 +23,7 @@ from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.canary.split import PoolSplit
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.served_names import ServedNames
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
 from gateway.protocol.translate import servable
@@ -36,6 +37,8 @@ class Admission:
     cost: RequestCost
     replicas: list[Replica]  # the candidates whose window holds the request
     prompt_tokens_exact: bool
+    name: str = ""  # the model name served (the client's, or the default model's)
+    adapter: str | None = None  # ``name`` when it is a LoRA adapter (a replica lists a parent)
 
 
 @dataclass(slots=True)
@@ -182,16 +185,18 @@ class Admitter:
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
                  split: PoolSplit) -> None:
         self.models = models
+        self.names = ServedNames(models)  # aliases and adapters too
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.split = split
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
-        """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
-        if name is None or (api is Api.TGI and name not in self.models):
+        """The model serving ``name`` (an entry's name, an alias or an adapter); requests
+        without a name (TGI's, nameless OpenAI ones) get the default."""
+        if name is None:
             name = self.default_model
             if name is None:
                 raise ModelNotFound("(none given; several models are served, name one)")
-        model = self.models.get(name)
+        model = self.names.resolve(name)
         if model is None:
             raise ModelNotFound(name)
         return model
@@ -199,8 +204,13 @@ class Admitter:
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         """The request's model, cost and the replicas whose window it fits (else raise)."""
         model = self.model_for(request.model, request.api)
-        # Natively or translated; a replica that cannot honour every parameter is left out.
-        speakers = servable(request, model.replicas, model.tokenizer is not None)
+        name = model.name if request.model is None else request.model
+        # Only the replicas serving the name (an adapter lives on some replicas only);
+        # natively or translated; a replica that cannot honour every parameter is left out.
+        speakers = servable(request, model.replicas_for(name), model.tokenizer is not None)
         # The pool: forced by the client, else any that takes primary traffic (canary split).
         speakers = self.split.candidates(model, request, speakers)
-        return model, admit(model, request, speakers)
+        admission = admit(model, request, speakers)
+        admission.name, admission.adapter = name, (
+            name if self.names.parent(name, model) is not None else None)
+        return model, admission

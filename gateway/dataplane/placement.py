@@ -33,6 +33,7 @@ class Placement:
     queued_for: float = 0.0  # seconds spent waiting for a free slot
     asked: int = 0  # output tokens the request may generate (max_tokens x choices)
     outputs: OutputEstimate | None = None
+    name: str = ""  # the model name served (an alias, an adapter, or the model's own)
 
     def served(self, generated: int | None) -> None:
         """The replica completed the request: teach the estimate how much of its ask it
@@ -138,7 +139,8 @@ class Placer:
         expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)
         lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens, expected, asked)
         lease.on_close = lambda: self._wake_one(model.name)
-        return Placement(model, replica, lease, asked=asked, outputs=self.outputs)
+        return Placement(model, replica, lease, asked=asked, outputs=self.outputs,
+                         name=admission.name or model.name)
 
     def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""

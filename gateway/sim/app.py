@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -21,6 +21,7 @@ from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respo
 from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
 from gateway.sim.engine import Sequence, block_hashes, make_engine
 from gateway.sim.faults import FaultError, Faults
+from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
@@ -53,6 +54,10 @@ class SimConfig:
     event_gap_s: float = 0.0             # with event_writes: pause between two writes
     tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
     text_seed: int = 0                   # another text for the same prompt (a canary that differs)
+    aliases: list[str] = field(default_factory=list)  # vLLM: more --served-model-name names
+    lora_modules: dict[str, str] = field(default_factory=dict)  # vLLM: adapter name -> path
+    max_loras: int = 1                   # vLLM --max-loras (adapters in one batch)
+    runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
 
 
 class SimApp:
@@ -65,9 +70,12 @@ class SimApp:
         self.faults = cfg.faults
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
         self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
+        self.names = SimNames(cfg.model, cfg.aliases, cfg.lora_modules, cfg.max_loras,
+                              cfg.runtime_lora)
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
                              cfg.max_input_tokens or cfg.max_model_len - 1,
-                             eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed)
+                             eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed,
+                             names=self.names)
         self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
         eos_text = cfg.tokenizer.special_tokens.get("eos_token") or "</s>"
         eos_id = (cfg.tokenizer.tokenizer.token_to_id(eos_text) or 0) if eos_text else 0
@@ -98,6 +106,9 @@ class SimApp:
                     ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
         }
         self.routes.update(extra[cfg.dialect])
+        if cfg.dialect == "vllm" and cfg.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
+            self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
         if cfg.dialect == "tgi":  # what older TGI versions did not have yet
             version = _version(cfg.tgi_version)
             if version < (1, 4, 4):
@@ -239,7 +250,11 @@ class SimApp:
         d, cfg = self.dialect, self.cfg
         try:
             body = load_json(req.body, d)
-            job = openai_job(body, chat, cfg.tokenizer, d, self.limits)
+            name = body.get("model") if isinstance(body.get("model"), str) else None
+            limits = self.limits
+            if name in self.names.adapters:  # an adapter answers otherwise than its base
+                limits = replace(limits, text_seed=self.names.text_seed(name, limits.text_seed))
+            job = openai_job(body, chat, cfg.tokenizer, d, limits)
         except ClientError as err:
             if isinstance(d, TGI) and isinstance(req_body_stream(req.body), bool) and req_body_stream(req.body):
                 self.meter.failure("validation")
@@ -251,11 +266,33 @@ class SimApp:
         events = OpenAIStream(d.name, chat, model, job, self.vocab,
                               job.include_usage and not cfg.no_stream_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
-        await self.run(req, job, events, lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
+        self.names.begin(name)
+        try:
+            await self.run(req, job, events,
+                           lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
+        finally:
+            self.names.end(name)
 
     async def models(self, req: Request) -> None:
-        card = self.dialect.model_card(self.cfg.model, self.cfg.max_model_len, self.created)
-        await respond_json(req.send, 200, {"object": "list", "data": [card]})
+        cards = self.names.cards(
+            lambda name: self.dialect.model_card(name, self.cfg.max_model_len, self.created))
+        await respond_json(req.send, 200, {"object": "list", "data": cards})
+
+    async def load_lora_adapter(self, req: Request) -> None:
+        await self._lora_update(req, self.names.load, "added")
+
+    async def unload_lora_adapter(self, req: Request) -> None:
+        await self._lora_update(req, self.names.unload, "removed")
+
+    async def _lora_update(self, req: Request, update: Callable[[dict[str, Any]], tuple[int, str | None]],
+                           done: str) -> None:
+        """vLLM answers success in plain text, failures as its error JSON."""
+        body = load_json(req.body, self.dialect)
+        status, message = update(body)
+        if message is not None:
+            raise ClientError(message, "invalid" if status == 400 else "not_found", status=status)
+        await respond(req.send, 200, f"Success: LoRA adapter '{body['lora_name']}' {done} "
+                      "successfully.".encode(), b"text/plain; charset=utf-8")
 
     # --- TGI routes ---
 
@@ -393,7 +430,8 @@ class SimApp:
         await respond(req.send, status, body, ctype)
 
     async def metrics(self, req: Request) -> None:
-        text = render(self.cfg.dialect, self.meter, self.engine.gauges(), self.cfg.model)
+        text = render(self.cfg.dialect, self.meter, self.engine.gauges(), self.cfg.model,
+                      self.names.lora_info())
         await respond(req.send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_state(self, req: Request) -> None:
