@@ -47,6 +47,7 @@ from gateway.fleet.health import HealthChecker
 from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
 from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import NameRefresher
 from gateway.metrics import CanaryMetrics, make_metrics
@@ -78,8 +79,14 @@ class Gateway:
         scheduling = settings.scheduling
         outputs = OutputEstimate() if scheduling.learn_output_lengths else None
         self.admitter = Admitter(self.models, settings.default_model, split)
+        # LoRA adapters loaded at run time (load_adapters), on the least-loaded replica.
+        self.adapters = AdapterLoader(lambda: self.probe_session,
+                                      lambda name: self.ledger.load(name).outstanding_tokens,
+                                      settings.timeouts.first_token)
         self.placer = Placer(make_policy(settings.balancer, scheduling), self.ledger,
-                             settings.backpressure, split=split, outputs=outputs)
+                             settings.backpressure, split=split, outputs=outputs,
+                             signals_max_age=scheduling.signals_interval
+                             * scheduling.signals_max_age)
         self.metrics = make_metrics(settings.metrics)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(self.metrics.registry)

@@ -85,6 +85,12 @@ class ModelConfig(_Strict):
     discover_names: bool = Field(True, description="also route every name a replica lists on "
                                  "its /v1/models (aliases, LoRA adapters with `parent`) to the "
                                  "replicas that list it; false = only the configured names")
+    load_adapters: dict[str, str] = Field(default_factory=dict, description="LoRA adapters "
+                                          "loaded at run time when no replica serves one yet: "
+                                          "name -> path on the engines' disk; loaded on the "
+                                          "least-loaded vLLM replica (POST "
+                                          "/v1/load_lora_adapter; the engine needs "
+                                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); empty = never")
     tokenizer: str | None = None
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
@@ -407,7 +413,7 @@ class Settings(BaseSettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
-        every = [n for m in self.models for n in (m.name, *m.aliases)]
+        every = [n for m in self.models for n in (m.name, *m.aliases, *m.load_adapters)]
         twice = sorted({n for n in every if every.count(n) > 1})
         if twice:
             raise ValueError(f"model names and aliases must be unique across models: {twice} "

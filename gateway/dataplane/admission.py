@@ -190,24 +190,33 @@ class Admitter:
         self.split = split
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
-        """The model serving ``name`` (an entry's name, an alias or an adapter); requests
-        without a name (TGI's, nameless OpenAI ones) get the default."""
-        if name is None:
-            name = self.default_model
-            if name is None:
-                raise ModelNotFound("(none given; several models are served, name one)")
-        model = self.names.resolve(name)
-        if model is None:
-            raise ModelNotFound(name)
-        return model
+        """The model serving ``name`` (see ``resolve``)."""
+        return self.resolve(name, api)[0]
+
+    def resolve(self, name: str | None, api: Api) -> tuple[ServedModel, str]:
+        """The model serving ``name`` (an entry's name, an alias or an adapter) and the name
+        served. Requests without a name (TGI's, nameless OpenAI ones) get the default model;
+        so does a TGI ``adapter_id`` no replica lists (a TGI engine judges it itself)."""
+        if name is not None:
+            model = self.names.resolve(name)
+            if model is not None:
+                return model, name
+            if api is not Api.TGI:
+                raise ModelNotFound(name)
+        default = self.default_model
+        if default is None:
+            raise ModelNotFound("(none given; several models are served, name one)")
+        return self.models[default], default
 
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         """The request's model, cost and the replicas whose window it fits (else raise)."""
-        model = self.model_for(request.model, request.api)
-        name = model.name if request.model is None else request.model
-        # Only the replicas serving the name (an adapter lives on some replicas only);
-        # natively or translated; a replica that cannot honour every parameter is left out.
-        speakers = servable(request, model.replicas_for(name), model.tokenizer is not None)
+        model, name = self.resolve(request.model, request.api)
+        # Only the replicas serving the name (an adapter lives on some replicas only).
+        serving = model.replicas_for(name)
+        if not serving:
+            raise ModelNotFound(name)  # an adapter no replica serves (any longer)
+        # Natively or translated; a replica that cannot honour every parameter is left out.
+        speakers = servable(request, serving, model.tokenizer is not None)
         # The pool: forced by the client, else any that takes primary traffic (canary split).
         speakers = self.split.candidates(model, request, speakers)
         admission = admit(model, request, speakers)

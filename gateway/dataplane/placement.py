@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Collection
 
+from gateway.balance.adapter_affinity import prefer_adapter
 from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -51,8 +52,9 @@ class Placer:
     def __init__(self, policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
                  rng: random.Random | None = None, split: PoolSplit | None = None,
-                 outputs: OutputEstimate | None = None) -> None:
+                 outputs: OutputEstimate | None = None, signals_max_age: float = 3.0) -> None:
         self.outputs = outputs  # expected output lengths; None = reserve the whole ask
+        self.signals_max_age = signals_max_age  # engine signals older than this are ignored
         self.policy = policy
         self.ledger = ledger
         self.backpressure = backpressure
@@ -134,6 +136,8 @@ class Placer:
         pool = self.split.pick(model.pools, free, key)
         assert pool is not None  # ``free`` is not empty
         candidates = [r for r in pool.replicas if id(r) in free]
+        # A LoRA adapter: where the engine has it loaded, or a free adapter slot, first.
+        candidates = prefer_adapter(candidates, admission.adapter, self.signals_max_age)
         replica = self.policy.select(candidates, admission.cost, self.ledger)
         asked = admission.cost.output_tokens
         expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)

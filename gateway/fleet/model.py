@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.config import ModelConfig, Settings
 from gateway.fleet.replica import Replica
@@ -40,6 +40,7 @@ class ServedModel:
     cap_output: bool = False  # output_past_window: cap (else reject)
     aliases: tuple[str, ...] = ()  # more configured names, served by every replica
     discover_names: bool = True  # also the names its replicas list on /v1/models
+    load_adapters: dict[str, str] = field(default_factory=dict)  # adapter -> path, loaded on demand
 
     @property
     def replicas(self) -> list[Replica]:
@@ -55,7 +56,7 @@ class ServedModel:
         whose engine lists it (an adapter loaded on some replicas only)."""
         if name in self.names:
             return self.replicas
-        if not self.discover_names:
+        if not self.discover_names and name not in self.load_adapters:
             return []
         return [r for r in self.replicas if name in r.served_names]
 
@@ -97,7 +98,7 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens, config.output_past_window == "cap",
-                       tuple(config.aliases), config.discover_names)
+                       tuple(config.aliases), config.discover_names, dict(config.load_adapters))
 
 
 def build_models(settings: Settings) -> dict[str, ServedModel]:

@@ -18,6 +18,11 @@ class EngineSignals:
     kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
     scraped_at: float = 0.0
     ledger_in_flight: int = 0     # the ledger's in-flight count for the replica at that moment
+    # vLLM with LoRA (vllm:lora_requests_info): adapters with requests running and waiting,
+    # and how many adapters one batch may hold (--max-loras). None: not reported.
+    lora_running: frozenset[str] | None = None
+    lora_waiting: frozenset[str] | None = None
+    max_lora: int | None = None
 
     @property
     def requests(self) -> int | None:

@@ -67,7 +67,8 @@ class ServedNames:
 
     def __init__(self, models: dict[str, ServedModel]) -> None:
         self.models = models
-        self.configured = {n: m for m in models.values() for n in m.names}
+        self.configured = {n: m for m in models.values()
+                           for n in (*m.names, *m.load_adapters)}
 
     def resolve(self, name: str) -> ServedModel | None:
         model = self.configured.get(name)

@@ -4,6 +4,7 @@ check the names they are sent. One replica is one ledger entry whatever name a r
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,3 +93,60 @@ def test_names_aliases_and_an_adapter_share_each_replicas_ledger(tmp_path: Path)
             unknown = _complete(gateway, "no-such-adapter")
             assert unknown.status_code == 404
             assert unknown.json()["error"]["code"] == "model_not_found"
+
+
+def _stream(gateway: str, model: str, tokens: int) -> None:
+    with httpx.stream("POST", f"{gateway}/v1/completions", timeout=60,
+                      json={"model": model, "prompt": "hi", "max_tokens": tokens,
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        response.read()
+
+
+def test_adapter_requests_go_where_the_engine_runs_it_or_has_a_slot(tmp_path: Path) -> None:
+    paced = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "100", "--max-loras", "1")
+    with sim("vllm", BASE, 4096, "--lora-modules", "sql", *paced) as a, \
+            sim("vllm", BASE, 4096, "--lora-modules", "sql", "other", *paced) as b:
+        config = {**_settings({"name": BASE, "replicas": [{"url": a, "name": "a"},
+                                                            {"url": b, "name": "b"}]}),
+                  "scheduling": {"signals_interval": 0.1, "signals_max_age": 30}}
+        with gateway_server(tmp_path, config) as (gateway, _), ThreadPoolExecutor(8) as pool:
+            # b's only adapter slot is taken by `other` for about 3 s ...
+            busy = [pool.submit(_stream, gateway, "other", 30) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while "other" not in httpx.get(f"{b}/metrics").text.split(
+                    "running_lora_adapters=\"")[-1].split('"')[0]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # the gateway's next scrapes see it
+            # ... so round robin or not, `sql` goes to a, which has a free slot.
+            where = Counter(_complete(gateway, "sql").headers["x-gateway-replica"]
+                            for _ in range(6))
+            assert where == Counter({"a": 6})
+            # TGI's adapter_id is the adapter's model name on vLLM: only b serves `other`.
+            tgi = httpx.post(f"{gateway}/generate", timeout=30, json={
+                "inputs": "hi", "parameters": {"max_new_tokens": 3, "adapter_id": "other"}})
+            assert tgi.status_code == 200, tgi.text
+            assert tgi.headers["x-gateway-replica"] == "b"
+            for future in busy:
+                future.result()
+
+
+def test_an_adapter_is_loaded_at_run_time_once_and_remembered(tmp_path: Path) -> None:
+    with sim("vllm", BASE, 4096, "--allow-runtime-lora", "--speed", "50") as a, \
+            sim("vllm", BASE, 4096, "--allow-runtime-lora", "--speed", "50") as b:
+        config = _settings({"name": BASE, "load_adapters": {"fin": "/adapters/fin"},
+                            "replicas": [{"url": a, "name": "a"}, {"url": b, "name": "b"}]})
+        with gateway_server(tmp_path, config) as (gateway, _):
+            with ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(lambda _: _complete(gateway, "fin"), range(6)))
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            homes = {r.headers["x-gateway-replica"] for r in answers}
+            assert len(homes) == 1  # loaded once, on one replica, and sent there since
+            engines = {name: [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+                       for name, url in (("a", a), ("b", b))}
+            assert [name for name, ids in engines.items() if "fin" in ids] == list(homes)
+            listed = {m["id"]: m["parent"] for m in httpx.get(f"{gateway}/v1/models").json()["data"]}
+            assert listed["fin"] == BASE
+            # a name that is neither served nor loadable stays a 404
+            assert _complete(gateway, "not-configured").status_code == 404
