@@ -52,6 +52,7 @@ from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import NameRefresher
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
+from gateway.protocol import pooling
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
 from gateway.shared.redis_keys import SharedKeys
@@ -261,6 +262,8 @@ def create_app(settings: Settings) -> GatewayApp:
         ("/generate_stream", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
         ("/", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
     ]
+    # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
+    generation += [(path, Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()]
     endpoints = {path: GenerationEndpoint(gateway, api, parse) for path, api, parse in generation}
     for path, endpoint in endpoints.items():  # for FastAPI's 405 on other methods
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))

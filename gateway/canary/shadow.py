@@ -71,8 +71,8 @@ class Shadows:
         """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
         sample draws it). Returns the collector of the primary's text, to be fed and ended
         with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
-        if request.shadow or model.name not in self.models:
-            return None
+        if request.shadow or request.pooling or model.name not in self.models:
+            return None  # pooling answers are vectors and scores: no text to agree on
         primary: TextCollector | None = None
         for target in shadow_pools(model, pool):
             if target.sample < 1.0 and self.rng.random() >= target.sample:

@@ -148,7 +148,8 @@ def admit(model: ServedModel, request: GenerationRequest,
     prompts = _prompts(request, tokenizer)
     max_tokens = request.max_tokens
     fanout = request.choices * len(prompts)
-    output_tokens = (max_tokens or model.default_output_tokens) * fanout
+    # A pooling request (max_tokens 0) costs its input alone.
+    output_tokens = (max_tokens if max_tokens is not None else model.default_output_tokens) * fanout
     affinity = _affinity(request, prompts)
 
     if tokenizer is None:
@@ -169,7 +170,7 @@ def admit(model: ServedModel, request: GenerationRequest,
     counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
-    if not fitting and model.cap_output and max_tokens is not None:
+    if not fitting and model.cap_output and max_tokens:
         fitting, max_tokens = _capped(model, request, candidates, longest)
         output_tokens = max_tokens * fanout
     if not fitting:

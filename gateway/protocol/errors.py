@@ -91,6 +91,11 @@ class ContextLengthExceeded(GatewayError):
             message = (f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= "
                        f"{limit}. Given: {prompt_tokens} `inputs` tokens and {max_tokens or 0} "
                        f"`max_new_tokens`")
+        elif max_tokens == 0:  # embeddings, score ...: the input alone
+            part = "input"
+            message = (f"This model's maximum context length is {limit} tokens. However, your "
+                       f"input resulted in {prompt_tokens} tokens. Please reduce the length "
+                       f"of the input.")
         elif max_tokens is None:
             message = (f"This model's maximum context length is {limit} tokens. However, your "
                        f"{part} resulted in {prompt_tokens} tokens. Please reduce the length "

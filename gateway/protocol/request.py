@@ -43,6 +43,7 @@ class GenerationRequest:
     caller: Caller | None = None  # the API key that sent it (None: keys are off)
     pool: str | None = None  # a pool forced by the client (header x-gateway-pool), for testers
     shadow: bool = False  # a canary shadow copy: its answer goes nowhere, its failures count nowhere
+    pooling: bool = False  # generates nothing (embeddings, score, tokenize ...): no output cost
 
     @property
     def is_chat(self) -> bool:

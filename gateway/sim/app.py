@@ -23,6 +23,7 @@ from gateway.sim.engine import Sequence, block_hashes, make_engine
 from gateway.sim.faults import FaultError, Faults
 from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
+from gateway.sim.pooling import PoolingRoutes
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
 from gateway.sim.wire import OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
@@ -58,6 +59,7 @@ class SimConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)  # vLLM: adapter name -> path
     max_loras: int = 1                   # vLLM --max-loras (adapters in one batch)
     runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
+    runner: str = "generate"             # vLLM --runner: generate, or pooling (embeddings ...)
 
 
 class SimApp:
@@ -106,6 +108,11 @@ class SimApp:
                     ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
         }
         self.routes.update(extra[cfg.dialect])
+        if cfg.dialect == "vllm" and cfg.runner == "pooling":  # vLLM: no generation routes
+            self.pooling = PoolingRoutes(cfg.model, cfg.max_model_len, cfg.tokenizer)
+            del self.routes[("POST", "/v1/completions")], self.routes[("POST", "/v1/chat/completions")]
+            for path in self.pooling.routes:
+                self.routes[("POST", path)] = self.pool
         if cfg.dialect == "vllm" and cfg.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
             self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
             self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
@@ -277,6 +284,13 @@ class SimApp:
         cards = self.names.cards(
             lambda name: self.dialect.model_card(name, self.cfg.max_model_len, self.created))
         await respond_json(req.send, 200, {"object": "list", "data": cards})
+
+    async def pool(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        model = body.get("model")
+        if model is not None and not self.limits.serves(model):
+            raise self.dialect.unknown_model(model)
+        await respond_json(req.send, 200, self.pooling.routes[req.path](body))
 
     async def load_lora_adapter(self, req: Request) -> None:
         await self._lora_update(req, self.names.load, "added")

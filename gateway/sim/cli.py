@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--model; each answers with its own text")
     server.add_argument("--max-loras", type=int, default=1,
                         help="vllm: adapters in one batch (vllm:lora_requests_info max_lora)")
+    server.add_argument("--runner", choices=("generate", "pooling"), default="generate",
+                        help="vllm: pooling = an embedding engine (/v1/embeddings, /pooling, "
+                             "/classify, /score, /rerank), no generation routes")
     server.add_argument("--allow-runtime-lora", action="store_true",
                         help="vllm: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
                              "(VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
@@ -173,7 +176,7 @@ def build_config(args: argparse.Namespace):
         event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
         tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed,
         aliases=args.alias, lora_modules=_lora_modules(args.lora_modules), max_loras=args.max_loras,
-        runtime_lora=args.allow_runtime_lora)
+        runtime_lora=args.allow_runtime_lora, runner=args.runner)
 
 
 def _lora_modules(specs: list[str]) -> dict[str, str]:

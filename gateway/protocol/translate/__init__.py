@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 import orjson
 
 from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
+from gateway.protocol.pooling import refusal as pooling_refusal
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
 from gateway.protocol.translate.passthrough import PassThrough
@@ -135,6 +136,8 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
             has_tokenizer: bool) -> GatewayError | None:
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
+    if request.pooling:
+        return pooling_refusal(request.path, engine)
     if request.api is Api.TGI:
         if engine == "tgi":
             return None
