@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.access.control import AccessControl
-from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
+from gateway.api import admin, admin_keys, openai_models, ops, stored_responses, tgi_info
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -39,6 +39,7 @@ from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
+from gateway.dataplane.response_homes import Homes, ResponseHomes
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
@@ -52,7 +53,7 @@ from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import NameRefresher
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
-from gateway.protocol import pooling
+from gateway.protocol import pooling, responses
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
 from gateway.shared.redis_keys import SharedKeys
@@ -79,11 +80,17 @@ class Gateway:
         split = PoolSplit(settings.canary.allow_pool_header)
         scheduling = settings.scheduling
         outputs = OutputEstimate() if scheduling.learn_output_lengths else None
-        self.admitter = Admitter(self.models, settings.default_model, split)
         # LoRA adapters loaded at run time (load_adapters), on the least-loaded replica.
         self.adapters = AdapterLoader(lambda: self.probe_session,
                                       lambda name: self.ledger.load(name).outstanding_tokens,
                                       settings.timeouts.first_token)
+        # Where stored Responses live (shared through Redis with redis_url).
+        self.response_homes = ResponseHomes(
+            settings.responses.remembered, settings.responses.ttl,
+            self.shared.redis if self.shared else None, SharedKeys(settings.redis_key_prefix),
+            settings.redis_timeout)
+        self.admitter = Admitter(self.models, settings.default_model, split, self.adapters,
+                                 self.response_homes)
         self.placer = Placer(make_policy(settings.balancer, scheduling), self.ledger,
                              settings.backpressure, split=split, outputs=outputs,
                              signals_max_age=scheduling.signals_interval
@@ -123,7 +130,8 @@ class Gateway:
         self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
                                   listeners.OutlierRecord(self.outlier),
                                   listeners.CanarySamples(self.samples),
-                                  listeners.OutputLengths()])
+                                  listeners.OutputLengths(),
+                                  Homes(self.response_homes)])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
         self.draining = False
@@ -262,6 +270,7 @@ def create_app(settings: Settings) -> GatewayApp:
         ("/generate_stream", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
         ("/", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
     ]
+    generation.append((responses.PATH, Api.OPENAI, responses.parse_responses))
     # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
     generation += [(path, Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()]
     endpoints = {path: GenerationEndpoint(gateway, api, parse) for path, api, parse in generation}
@@ -269,6 +278,7 @@ def create_app(settings: Settings) -> GatewayApp:
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))
     app.include_router(openai_models.router)
     app.include_router(tgi_info.router)
+    app.include_router(stored_responses.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(admin_keys.router)

@@ -285,6 +285,16 @@ class CanaryConfig(_Strict):
                                "auto_rollback)")
 
 
+class ResponsesConfig(_Strict):
+    """The Responses API: where each stored response lives (gateway/dataplane/
+    response_homes.py)."""
+
+    remembered: int = Field(100_000, ge=1, description="stored responses whose replica this "
+                            "instance remembers in process (oldest forgotten first)")
+    ttl: float = Field(86400.0, gt=0, description="with redis_url: seconds the shared record "
+                       "of a response's replica lives")
+
+
 def parse_nameserver(text: str) -> tuple[str, int]:
     """``"10.0.0.2"``, ``"127.0.0.1:5353"``, ``"::1"`` or ``"[::1]:5353"`` -> (address, port)."""
     host, port = text, 53
@@ -407,6 +417,7 @@ class Settings(BaseSettings):
     auth: AuthConfig | None = Field(None, description="API keys and per-key limits; unset = "
                                     "open, as without keys")
     canary: CanaryConfig = CanaryConfig()
+    responses: ResponsesConfig = ResponsesConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

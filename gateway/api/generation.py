@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from gateway.dataplane.admission import Admitter
     from gateway.dataplane.attempts import Attempts
     from gateway.dataplane.reply import Reply
-    from gateway.fleet.adapter_loader import AdapterLoader
     from gateway.metrics import GatewayMetrics
 
 
@@ -35,7 +34,6 @@ class Serving(Protocol):
 
     settings: "Settings"
     admitter: "Admitter"
-    adapters: "AdapterLoader"
     access: "AccessControl"
     attempts: "Attempts"
     metrics: "GatewayMetrics"
@@ -125,8 +123,7 @@ class GenerationEndpoint:
                 body = await read_body(receive, gateway.settings.client_body_timeout)
                 request = self.parse(body)
                 request.session, request.pool = session, pool
-                # An adapter to load at run time is loaded first (a no-op for every other name).
-                await gateway.adapters.ensure(*gateway.admitter.resolve(request.model, request.api))
+                await gateway.admitter.prepare(request)  # adapters to load, stored Responses
                 model, admission = gateway.admitter.admit(request)
                 # The key's allowlist and limits; the grant is settled below, however it ends.
                 grant = await gateway.access.admit(key, request, model.name,

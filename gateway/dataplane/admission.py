@@ -22,10 +22,13 @@ from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.canary.split import PoolSplit
 from gateway.fleet.model import ServedModel
+from gateway.dataplane.response_homes import ResponseHomes
+from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import ServedNames
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
+from gateway.protocol.responses import ResponseNotFound
 from gateway.protocol.translate import servable
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
@@ -184,11 +187,27 @@ class Admitter:
     """Model name -> the model, and the replicas of it that can take a request."""
 
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
-                 split: PoolSplit) -> None:
+                 split: PoolSplit, adapters: AdapterLoader | None = None,
+                 homes: ResponseHomes | None = None) -> None:
         self.models = models
         self.names = ServedNames(models)  # aliases and adapters too
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.split = split
+        self.adapters = adapters  # LoRA adapters loaded at run time (load_adapters)
+        self.homes = homes  # where stored Responses live
+
+    async def prepare(self, request: GenerationRequest) -> None:
+        """What admission needs to know first and may have to wait for: an adapter to load
+        at run time is loaded; a request continuing a stored Response is pinned to the
+        replica that stored it (raises ResponseNotFound when that is unknown)."""
+        if self.adapters is not None and request.model is not None:
+            await self.adapters.ensure(*self.resolve(request.model, request.api))
+        previous = request.previous_response_id
+        if previous is not None:
+            home = await self.homes.home(previous) if self.homes is not None else None
+            if home is None:
+                raise ResponseNotFound(previous)
+            request.pinned = home
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The model serving ``name`` (see ``resolve``)."""
@@ -216,6 +235,10 @@ class Admitter:
         serving = model.replicas_for(name)
         if not serving:
             raise ModelNotFound(name)  # an adapter no replica serves (any longer)
+        if request.pinned is not None:  # a stored Response's replica, or nothing
+            serving = [r for r in serving if r.name == request.pinned]
+            if not serving:
+                raise ResponseNotFound(request.previous_response_id or "")
         # Natively or translated; a replica that cannot honour every parameter is left out.
         speakers = servable(request, serving, model.tokenizer is not None)
         # The pool: forced by the client, else any that takes primary traffic (canary split).

@@ -9,3 +9,4 @@ from dataclasses import dataclass
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    stored_id: str | None = None  # the id the engine stored the answer under (a Response)

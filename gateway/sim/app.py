@@ -24,6 +24,7 @@ from gateway.sim.faults import FaultError, Faults
 from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.pooling import PoolingRoutes
+from gateway.sim.responses import SimResponses
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
 from gateway.sim.wire import OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
@@ -113,6 +114,9 @@ class SimApp:
             del self.routes[("POST", "/v1/completions")], self.routes[("POST", "/v1/chat/completions")]
             for path in self.pooling.routes:
                 self.routes[("POST", path)] = self.pool
+        if cfg.dialect == "vllm" and cfg.runner == "generate":
+            self.responses = SimResponses(cfg.model, cfg.tokenizer)
+            self.routes[("POST", "/v1/responses")] = self.create_response
         if cfg.dialect == "vllm" and cfg.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
             self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
             self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
@@ -129,6 +133,10 @@ class SimApp:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             handler = self.routes.get((scope["method"], scope["path"]))
+            if (handler is None and scope["method"] == "GET" and self.cfg.runner == "generate"
+                    and scope["path"].startswith("/v1/responses/") and self.cfg.dialect == "vllm"):
+                response_id = scope["path"].removeprefix("/v1/responses/")
+                handler = lambda req: self.get_response(req, response_id)  # noqa: E731
             try:
                 body = await read_body(receive)
             except ConnectionAbortedError:
@@ -284,6 +292,21 @@ class SimApp:
         cards = self.names.cards(
             lambda name: self.dialect.model_card(name, self.cfg.max_model_len, self.created))
         await respond_json(req.send, 200, {"object": "list", "data": cards})
+
+    async def create_response(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        model = body.get("model")
+        if model is not None and not self.limits.serves(model):
+            raise self.dialect.unknown_model(model)
+        response = self.responses.create(body)
+        if body.get("stream") is True:
+            await start_stream(req.send)
+            await write(req.send, self.responses.events(response), more=False)
+            return
+        await respond_json(req.send, 200, response)
+
+    async def get_response(self, req: Request, response_id: str) -> None:
+        await respond_json(req.send, 200, self.responses.get(response_id))
 
     async def pool(self, req: Request) -> None:
         body = load_json(req.body, self.dialect)
