@@ -16,10 +16,12 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from gateway.access.control import AccessControl
-from gateway.api import admin, admin_keys, openai_models, ops, stored_responses, tgi_info
+from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses, tgi_info,
+                         unknown_route)
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -263,6 +265,7 @@ def create_app(settings: Settings) -> GatewayApp:
     app = FastAPI(title="llm-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
     generation = [
         ("/v1/completions", Api.OPENAI, openai_protocol.parse_completion),
         ("/v1/chat/completions", Api.OPENAI, openai_protocol.parse_chat),

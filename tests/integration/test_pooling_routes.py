@@ -130,3 +130,22 @@ def test_the_ledger_ends_at_zero_and_input_tokens_are_metered(fleet: dict[str, s
     prompt = sum(v for n, l, v in metrics
                  if n == "llm_gateway_prompt_tokens_total" and l["model"] == "embed")
     assert prompt >= r.json()["usage"]["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("method,path,status,shape", [
+    ("POST", "/v1/foo", 404, "openai"), ("GET", "/v1/files", 404, "openai"),
+    ("POST", "/v2/rerank", 404, "openai"), ("POST", "/chat_tokenize", 404, "tgi"),
+    ("DELETE", "/nowhere", 404, "tgi"), ("GET", "/v1/embeddings", 405, "openai"),
+    ("GET", "/generate", 405, "tgi"),
+])
+def test_a_route_the_gateway_does_not_serve_is_refused_in_its_clients_shape(
+        fleet: dict[str, str], method: str, path: str, status: int, shape: str) -> None:
+    r = httpx.request(method, fleet["gateway"] + path, json={"model": "gen", "input": "x"})
+    assert r.status_code == status, r.text
+    body = r.json()
+    if shape == "openai":
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert path in body["error"]["message"]
+    else:
+        assert set(body) == {"error", "error_type"} and path in body["error"]
+    assert "x-gateway-replica" not in r.headers  # never passed on to an engine
