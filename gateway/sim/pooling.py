@@ -69,19 +69,18 @@ class PoolingRoutes:
                                       "total_tokens": prompt_tokens, "completion_tokens": 0,
                                       "prompt_tokens_details": None}}
 
-    def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _vectors(self, body: dict[str, Any], kind: str, obj: str, key: str) -> dict[str, Any]:
         inputs = self._inputs(body)
-        out = self._head("embd", body, sum(map(len, inputs)))
-        out["data"] = [{"index": i, "object": "embedding", "embedding": _vector(ids)}
+        out = self._head(kind, body, sum(map(len, inputs)))
+        out["data"] = [{"index": i, "object": obj, key: _vector(ids)}
                        for i, ids in enumerate(inputs)]
         return out
 
+    def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._vectors(body, "embd", "embedding", "embedding")
+
     def pooling(self, body: dict[str, Any]) -> dict[str, Any]:
-        inputs = self._inputs(body)
-        out = self._head("pool", body, sum(map(len, inputs)))
-        out["data"] = [{"index": i, "object": "pooling", "data": _vector(ids)}
-                       for i, ids in enumerate(inputs)]
-        return out
+        return self._vectors(body, "pool", "pooling", "data")
 
     def classify(self, body: dict[str, Any]) -> dict[str, Any]:
         inputs = self._inputs(body)

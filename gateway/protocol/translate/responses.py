@@ -13,8 +13,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from gateway.protocol.errors import EngineError
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate.passthrough import PassThrough
 from gateway.protocol.usage import Usage
 
 _DELTA = re.compile(rb'"type":"response\.[a-z_.]+\.delta"')
@@ -80,17 +79,11 @@ class ResponsesStream:
         return out, tokens
 
 
-class ResponsesPassThrough:
-    """``gateway.protocol.translate.Translation`` for /v1/responses."""
+class ResponsesPassThrough(PassThrough):
+    """``gateway.protocol.translate.Translation`` for /v1/responses: the body as it came
+    (a Responses stream always ends with its usage), its own stream reader and usage."""
 
-    __slots__ = ("request",)
-
-    def __init__(self, request: GenerationRequest) -> None:
-        self.request = request
-
-    @property
-    def path(self) -> str:
-        return self.request.path
+    __slots__ = ()
 
     @property
     def body(self) -> bytes:
@@ -106,6 +99,3 @@ class ResponsesPassThrough:
         except orjson.JSONDecodeError:
             parsed = None
         return content, _usage(parsed, Usage()), []
-
-    def engine_error(self, error: EngineError) -> EngineError:
-        return error
