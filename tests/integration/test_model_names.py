@@ -52,9 +52,9 @@ def test_a_name_given_to_two_models_is_refused() -> None:
                                   {"name": "x", "replicas": replicas}))
 
 
-def _complete(gateway: str, model: str) -> httpx.Response:
+def _complete(gateway: str, model: str, max_tokens: int = 4) -> httpx.Response:
     return httpx.post(f"{gateway}/v1/completions", timeout=30,
-                      json={"model": model, "prompt": "hello there", "max_tokens": 4})
+                      json={"model": model, "prompt": "hello there", "max_tokens": max_tokens})
 
 
 def test_names_aliases_and_an_adapter_share_each_replicas_ledger(tmp_path: Path) -> None:
@@ -111,8 +111,8 @@ def test_adapter_requests_go_where_the_engine_runs_it_or_has_a_slot(tmp_path: Pa
                                                             {"url": b, "name": "b"}]}),
                   "scheduling": {"signals_interval": 0.1, "signals_max_age": 30}}
         with gateway_server(tmp_path, config) as (gateway, _), ThreadPoolExecutor(8) as pool:
-            # b's only adapter slot is taken by `other` for about 3 s ...
-            busy = [pool.submit(_stream, gateway, "other", 30) for _ in range(2)]
+            # b's only adapter slot is taken by `other` for about 8 s ...
+            busy = [pool.submit(_stream, gateway, "other", 80) for _ in range(2)]
             deadline = time.monotonic() + 10
             while "other" not in httpx.get(f"{b}/metrics").text.split(
                     "running_lora_adapters=\"")[-1].split('"')[0]:
@@ -120,7 +120,7 @@ def test_adapter_requests_go_where_the_engine_runs_it_or_has_a_slot(tmp_path: Pa
                 time.sleep(0.05)
             time.sleep(0.5)  # the gateway's next scrapes see it
             # ... so round robin or not, `sql` goes to a, which has a free slot.
-            where = Counter(_complete(gateway, "sql").headers["x-gateway-replica"]
+            where = Counter(_complete(gateway, "sql", 1).headers["x-gateway-replica"]
                             for _ in range(6))
             assert where == Counter({"a": 6})
             # TGI's adapter_id is the adapter's model name on vLLM: only b serves `other`.
