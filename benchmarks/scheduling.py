@@ -22,7 +22,7 @@ the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
   alternates every 10 simulated seconds between 50% and 110% of round robin's saturation.
 
 Saturation rates (requests/s, 4 replicas) come from running round robin on the same timing
-model in virtual time (``gateway.sim.engine.BatchScheduler``) at overload
+model in virtual time (``gateway.sim.scheduler.BatchScheduler``) at overload
 (``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4; on the H100 one 78, 40,
 41. ``--speed`` compresses or stretches time per workload (the simulated GPU runs ``speed``
 times real time; on another profile scaled so the wall-clock request rate stays the same);

@@ -54,7 +54,8 @@ from benchmarks.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICI
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
-from gateway.sim.engine import BatchScheduler, Sequence, block_hashes, make_scheduler
+from gateway.sim.engine import make_scheduler
+from gateway.sim.scheduler import BatchScheduler, Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
 from gateway.dataplane.admission import ESTIMATED_BYTES_PER_TOKEN

@@ -19,7 +19,8 @@ from gateway.sim import textgen
 from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respond_json, start_stream,
                               wait_disconnect, watch_disconnect, write)
 from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
-from gateway.sim.engine import Sequence, block_hashes, make_engine
+from gateway.sim.engine import make_engine
+from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
 from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render

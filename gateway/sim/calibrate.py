@@ -13,7 +13,8 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from gateway.sim.engine import Sequence, block_hashes, make_scheduler
+from gateway.sim.engine import make_scheduler
+from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES, SCHEDULED_KINDS, Profile
 

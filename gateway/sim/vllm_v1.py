@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from gateway.sim.engine import BatchScheduler, Sequence
+from gateway.sim.scheduler import BatchScheduler, Sequence
 from gateway.sim.metrics import Meter
 from gateway.sim.profiles import Profile
 

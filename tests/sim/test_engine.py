@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.sim.calibrate import closed_loop
-from gateway.sim.engine import BatchScheduler, PrefixCache, Sequence, block_hashes
+from gateway.sim.scheduler import BatchScheduler, PrefixCache, Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES, Profile
 

@@ -4,7 +4,8 @@ eviction and preemption by recompute. Pure model, simulated time only."""
 
 from __future__ import annotations
 
-from gateway.sim.engine import Sequence, block_hashes, make_scheduler
+from gateway.sim.engine import make_scheduler
+from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES, Profile
 from gateway.sim.vllm_v1 import BlockPool, V1Scheduler
