@@ -123,7 +123,9 @@ class GenerationEndpoint:
                 body = await read_body(receive, gateway.settings.client_body_timeout)
                 request = self.parse(body)
                 request.session, request.pool = session, pool
-                await gateway.admitter.prepare(request)  # adapters to load, stored Responses
+                preparing = gateway.admitter.prepare(request)  # an adapter to load, a
+                if preparing is not None:                      # stored Response's replica
+                    await preparing
                 model, admission = gateway.admitter.admit(request)
                 # The key's allowlist and limits; the grant is settled below, however it ends.
                 grant = await gateway.access.admit(key, request, model.name,

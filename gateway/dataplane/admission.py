@@ -16,7 +16,7 @@ context 400 reaches the client in the client's shape with ``code: context_length
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable
 
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
@@ -194,16 +194,22 @@ class Admitter:
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.split = split
         self.adapters = adapters  # LoRA adapters loaded at run time (load_adapters)
+        self.loadable = frozenset(n for m in models.values() for n in m.load_adapters)
         self.homes = homes  # where stored Responses live
 
-    async def prepare(self, request: GenerationRequest) -> None:
-        """What admission needs to know first and may have to wait for: an adapter to load
-        at run time is loaded; a request continuing a stored Response is pinned to the
-        replica that stored it (raises ResponseNotFound when that is unknown)."""
-        if self.adapters is not None and request.model is not None:
+    def prepare(self, request: GenerationRequest) -> Awaitable[None] | None:
+        """What admission must know first and may have to wait for, to be awaited before
+        ``admit``: an adapter to load at run time, or the replica that stored the Response
+        the request continues. None (nothing to wait for) for every other request."""
+        if request.previous_response_id is None and request.model not in self.loadable:
+            return None
+        return self._prepare(request)
+
+    async def _prepare(self, request: GenerationRequest) -> None:
+        if self.adapters is not None and request.model in self.loadable:
             await self.adapters.ensure(*self.resolve(request.model, request.api))
         previous = request.previous_response_id
-        if previous is not None:
+        if previous is not None:  # pinned where it lives (raises when that is unknown)
             home = await self.homes.home(previous) if self.homes is not None else None
             if home is None:
                 raise ResponseNotFound(previous)

@@ -46,10 +46,9 @@ class ServedModel:
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools for r in pool.replicas]
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The configured names: the entry's own and its aliases."""
-        return (self.name, *self.aliases)
+    def __post_init__(self) -> None:
+        # The configured names: the entry's own and its aliases (read on every request).
+        self.names: tuple[str, ...] = (self.name, *self.aliases)
 
     def replicas_for(self, name: str) -> list[Replica]:
         """The replicas that serve ``name``: all of them for a configured name, else those
