@@ -278,7 +278,8 @@ class SimApp:
                 await write(req.send, d.chat_stream_error_event(err), more=False)
                 return
             raise
-        model = body.get("model") or cfg.model
+        # vLLM answers an alias under its first served name, an adapter under its own.
+        model = cfg.model if name is None or name in self.names.aliases else name
         events = OpenAIStream(d.name, chat, model, job, self.vocab,
                               job.include_usage and not cfg.no_stream_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)

@@ -78,7 +78,8 @@ class SimNames:
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             return 400, "Both 'lora_name' and 'lora_path' must be provided."
         if name in self.adapters:
-            return 400, f"The lora adapter '{name}' has already been loaded."
+            return 400, (f"The lora adapter '{name}' has already been loaded. If you want to "
+                         "load the adapter in place, set 'load_inplace' to True.")
         self.adapters[name] = path
         return 200, None
 
