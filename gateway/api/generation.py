@@ -144,11 +144,11 @@ class GenerationEndpoint:
                                                              arrival, request_id)
                     except GatewayError as error:
                         if error.reason in _GATEWAY_REASONS:
-                            gateway.metrics.reject(model.name, self.api, error.reason)
+                            gateway.metrics.reject(model.name, request.api, error.reason)
                             if request.caller is not None:
                                 gateway.metrics.key_rejected(request.caller.name, model.name,
                                                              error.reason)
-                        await send_error(send, error, self.api, request_id, grant.headers)
+                        await send_error(send, error, request.api, request_id, grant.headers)
                         return
                     headers = reply.headers + grant.headers if grant.headers else reply.headers
                     if reply.stream is None:
@@ -174,22 +174,24 @@ class GenerationEndpoint:
 
     async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
                       request_id: str, key: "ApiKey | None" = None) -> None:
-        model_label = self._model_label(request.model if request else None)
+        # The client's protocol: the route's, unless its body said otherwise (/tokenize).
+        api = request.api if request is not None else error.api or self.api
+        model_label = self._model_label(request.model if request else None, api)
         metrics = self.gateway.metrics
-        metrics.reject(model_label, self.api, error.reason)
+        metrics.reject(model_label, api, error.reason)
         if key is not None:
             metrics.key_rejected(key.name, model_label, error.reason)
         elif error.reason == "unauthorized":
             metrics.key_rejected("", model_label, error.reason)
-        await send_error(send, error, self.api, request_id)
+        await send_error(send, error, api, request_id)
 
-    def _model_label(self, name: str | None) -> str:
+    def _model_label(self, name: str | None, api: Api) -> str:
         """Only served names (configured, or listed by an engine) become label values
         (client input never does)."""
         if name is not None and self.gateway.admitter.names.resolve(name) is not None:
             return name
         default = self.gateway.admitter.default_model
-        return default if default is not None and (name is None or self.api is Api.TGI) else "unknown"
+        return default if default is not None and (name is None or api is Api.TGI) else "unknown"
 
 
 # Errors the gateway answers itself after admission (counted as rejections); the engines'

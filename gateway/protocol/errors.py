@@ -29,6 +29,7 @@ class GatewayError(Exception):
     code: str | None = None
     reason: str = "internal"  # fixed label value for the rejection/error metrics
     retry_kind: str | None = None  # set when another replica may be tried (nothing was sent)
+    api: "Api | None" = None  # the client's protocol, where its body told it (TGI's /tokenize)
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None,
                  headers: dict[str, str] | None = None) -> None:

@@ -29,19 +29,22 @@ ROUTE_ENGINES: dict[str, frozenset[str]] = {
     "/tokenize": frozenset({"vllm"}),
     "/detokenize": frozenset({"vllm"}),
 }
+# TGI's own /tokenize (a GenerateRequest body, ``inputs``): TGI engines only.
+TGI_ROUTE_ENGINES: dict[str, frozenset[str]] = {"/tokenize": frozenset({"tgi"})}
 
 
-def refusal(path: str, engine: str) -> ApiNotServed | None:
-    """None when ``engine`` serves ``path``, else why not."""
-    if engine in ROUTE_ENGINES.get(path, ()):
+def refusal(path: str, engine: str, api: Api = Api.OPENAI) -> ApiNotServed | None:
+    """None when ``engine`` serves ``path`` in the client's protocol, else why not."""
+    if engine in (TGI_ROUTE_ENGINES if api is Api.TGI else ROUTE_ENGINES).get(path, ()):
         return None
     return ApiNotServed(f"{path} is not served by {engine} replicas", param=None)
 
 
 def _request(path: str, body: dict[str, Any], raw: bytes,
              prompt: str | list[Any] | None = None,
-             messages: list[dict[str, Any]] | None = None) -> GenerationRequest:
-    return GenerationRequest(api=Api.OPENAI, path=path, body=body, raw=raw,
+             messages: list[dict[str, Any]] | None = None,
+             api: Api = Api.OPENAI) -> GenerationRequest:
+    return GenerationRequest(api=api, path=path, body=body, raw=raw,
                              model=field(body, "model", str), stream=False, max_tokens=0,
                              prompt=prompt, messages=messages, pooling=True)
 
@@ -119,7 +122,16 @@ def _rerank(path: str) -> Callable[[bytes], GenerationRequest]:
 
 
 def parse_tokenize(raw: bytes) -> GenerationRequest:
+    """vLLM's (``prompt`` or ``messages``), or TGI's (``inputs``: a TGI client, answered by
+    TGI engines and in TGI's error shape)."""
     body = parse_json_object(raw, Api.OPENAI)
+    if "inputs" in body and "prompt" not in body and "messages" not in body:
+        try:
+            field(body, "inputs", str, required=True)
+        except InvalidRequest as error:
+            error.api = Api.TGI  # a TGI client: TGI's shape
+            raise
+        return _request("/tokenize", body, raw, prompt="", api=Api.TGI)
     if "messages" in body:
         check_messages(field(body, "messages", list, required=True))
     else:

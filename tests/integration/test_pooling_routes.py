@@ -23,12 +23,14 @@ IDS = ("id", "created")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     tokenizer = str(builtin_model_dir())
     with sim("vllm", "embed", WINDOW, "--runner", "pooling") as embed, \
-            sim("vllm", "gen", WINDOW) as gen:
+            sim("vllm", "gen", WINDOW) as gen, sim("tgi", "tgi-model", WINDOW) as tgi:
         config = {"models": [
             {"name": "embed", "tokenizer": tokenizer, "replicas": [{"url": embed}]},
-            {"name": "gen", "tokenizer": tokenizer, "replicas": [{"url": gen}]}]}
+            {"name": "gen", "tokenizer": tokenizer, "replicas": [{"url": gen}]},
+            {"name": "tgi-model", "replicas": [{"url": tgi, "engine": "tgi"}]}],
+                  "default_model": "tgi-model"}  # TGI clients name no model
         with gateway_server(tmp_path_factory.mktemp("gw"), config) as (gateway, _):
-            yield {"gateway": gateway, "embed": embed, "gen": gen}
+            yield {"gateway": gateway, "embed": embed, "gen": gen, "tgi": tgi}
 
 
 def _both(fleet: dict[str, str], engine: str, path: str, body: dict[str, Any]
@@ -72,6 +74,19 @@ def test_pooling_routes_answer_as_the_engine(fleet: dict[str, str], path: str,
 def test_tokenize_and_detokenize_answer_as_the_engine(fleet: dict[str, str], path: str,
                                                       body: dict[str, Any]) -> None:
     _same(*_both(fleet, "gen", path, body))
+
+
+def test_tgi_tokenize_goes_to_a_tgi_engine_and_errs_in_tgi_shape(fleet: dict[str, str]) -> None:
+    """TGI's /tokenize (an `inputs` body) is TGI's: answered by a TGI engine as it is, and
+    refused in TGI's shape."""
+    body = {"inputs": "hello world", "parameters": {}}
+    through, direct = _both(fleet, "tgi", "/tokenize", body)
+    assert through.status_code == direct.status_code == 200, through.text
+    assert through.json() == direct.json() and isinstance(through.json(), list)
+    for bad in ({"inputs": 5}, {"inputs": None}):
+        r = httpx.post(fleet["gateway"] + "/tokenize", json=bad)
+        assert r.status_code == 422, r.text
+        assert set(r.json()) == {"error", "error_type"} and r.json()["error_type"] == "validation"
 
 
 def test_input_past_the_window_is_refused_before_the_engine(fleet: dict[str, str]) -> None:

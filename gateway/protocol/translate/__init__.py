@@ -139,7 +139,7 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
     if request.pooling:
-        return pooling_refusal(request.path, engine)
+        return pooling_refusal(request.path, engine, request.api)
     if request.path == responses_api.PATH:
         return responses_api.refusal(engine)
     if request.api is Api.TGI:
