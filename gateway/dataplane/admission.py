@@ -21,9 +21,9 @@ from typing import Any, Awaitable
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.canary.split import PoolSplit
-from gateway.fleet.model import ServedModel
 from gateway.dataplane.response_homes import ResponseHomes
 from gateway.fleet.adapter_loader import AdapterLoader
+from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import ServedNames
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
