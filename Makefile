@@ -10,7 +10,7 @@ demo:
 	$(PYTHON) -m gateway demo
 
 # One pytest worker per core, each taking whole files (a file's fixtures start its servers
-# once). ARGS: extra pytest arguments, e.g. make test ARGS='tests/test_deploy.py -x';
+# once). ARGS: extra pytest arguments, e.g. make test ARGS='tests/e2e/test_docker.py -x';
 # WORKERS=0 runs in one process.
 WORKERS ?= auto
 test:

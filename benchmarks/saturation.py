@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import re
 import shutil
 import statistics
@@ -90,7 +91,8 @@ http {{
 
 def wrk(port: int, seconds: float, connections: int, script: Path) -> dict[str, float]:
     """One wrk run against ``port``, on the client's core: requests, errors, requests/s."""
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+    # wrk takes whole seconds only ("-d10.5s" prints its usage and runs nothing)
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{math.ceil(seconds)}s", "--latency", "-s", str(script),
            f"http://{HOST}:{port}/v1/completions"]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", str(CLIENT_CORE), *cmd]

@@ -16,7 +16,7 @@ What it leaves out is what the wall-clock benchmark is for: the HTTP path, scrap
 gateway CPU, and the peer routers. Engine signals are scraped every ``signals_interval``
 simulated seconds from the schedulers' own gauges.
 
-Questions it can answer beyond the weights (README "Scheduling"): what reserving what clients
+Questions it can answer beyond the weights (docs/performance.md "Scheduling"): what reserving what clients
 ask instead of what they get costs (``--asked``; ``@asked`` and ``@exact`` rows), and what
 holding requests in the gateway does (late binding: ``--max-in-flight`` as the gateway's
 per-replica limit; ``--kv-binding`` with the KV each replica holds for the gateway's

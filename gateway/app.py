@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from gateway import observe
 from gateway.access.control import AccessControl
 from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses, tgi_info,
                          unknown_route)
@@ -128,12 +129,14 @@ class Gateway:
         self.outlier = OutlierDetector(settings.outlier, lambda r: self.models[r.model].replicas)
         self.fleet.on_leave += [self.outlier.forget,
                                 lambda replica: self.placer.policy.forget(replica.name)]
-        # Who hears how each attempt went (gateway.dataplane.outcome).
+        # Who hears how each attempt and each client request went (gateway.dataplane.outcome):
+        # and, when configured, tracing and the access log (gateway.observe).
+        self.observers = observe.listeners(settings)
         self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
                                   listeners.OutlierRecord(self.outlier),
                                   listeners.CanarySamples(self.samples),
-                                  listeners.OutputLengths(),
-                                  Homes(self.response_homes)])
+                                  listeners.OutputLengths(), Homes(self.response_homes),
+                                  *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
         self.draining = False
@@ -221,6 +224,7 @@ class Gateway:
         await self.access.close()
         await self.upstream.close()
         await self.probe_session.close()
+        await observe.close(self.observers)
         self.metrics.close()
 
 
@@ -276,7 +280,8 @@ def create_app(settings: Settings) -> GatewayApp:
     generation.append((responses.PATH, Api.OPENAI, responses.parse_responses))
     # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
     generation += [(path, Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()]
-    endpoints = {path: GenerationEndpoint(gateway, api, parse) for path, api, parse in generation}
+    endpoints = {path: GenerationEndpoint(gateway, api, path, parse)
+                 for path, api, parse in generation}
     for path, endpoint in endpoints.items():  # for FastAPI's 405 on other methods
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))
     app.include_router(openai_models.router)

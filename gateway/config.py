@@ -177,7 +177,7 @@ class BackpressureConfig(_Strict):
 
 
 class SchedulingConfig(_Strict):
-    """Weights of the default balancer, least_expected_work (README "Scheduling"). Scores
+    """Weights of the default balancer, least_expected_work (docs/performance.md "Scheduling"). Scores
     are in output-token equivalents; every default works without tuning."""
 
     prefill_weight: float = Field(1.0, ge=0, description="one prompt token still to prefill, "
@@ -258,7 +258,7 @@ class CanaryJudgeConfig(_Strict):
 
 
 class CanaryConfig(_Strict):
-    """Canary comparison between pools (README "Canary")."""
+    """Canary comparison between pools (docs/canary.md "Canary")."""
 
     allow_pool_header: bool = Field(True, description="x-gateway-pool: NAME forces a pool "
                                     "(testers); false = the header is ignored")
@@ -335,7 +335,7 @@ KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a metric label value:
 
 
 class KeyLimits(_Strict):
-    """Per-key limits (README "API keys and limits"); unset = unlimited. The "minute" is
+    """Per-key limits (docs/keys-and-limits.md "API keys and limits"); unset = unlimited. The "minute" is
     ``auth.window`` seconds (60 unless shortened, e.g. for tests)."""
 
     requests_per_minute: int | None = Field(None, ge=1)
@@ -381,6 +381,33 @@ class AuthConfig(_Strict):
         return self
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces over OTLP/HTTP (``gateway/observe/tracing.py``). Unset fields
+    follow the SDK's environment variables, then the SDK's defaults."""
+
+    enabled: bool = Field(False, description="export a trace of each request")
+    endpoint: str | None = Field(None, min_length=1, description="OTLP/HTTP traces URL, e.g. "
+                                 "http://otel-collector:4318/v1/traces; unset: "
+                                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or "
+                                 "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, or "
+                                 "http://localhost:4318/v1/traces")
+    sampling: float | None = Field(None, ge=0, le=1, description="share of traces started "
+                                   "here that are recorded (a client's traceparent decides "
+                                   "for its own); unset: OTEL_TRACES_SAMPLER_ARG, or 1.0")
+    service_name: str | None = Field(None, min_length=1, description="unset: "
+                                     "OTEL_SERVICE_NAME, or llm-gateway")
+
+
+class AccessLogConfig(_Strict):
+    """One JSON line per client request when it ends (``gateway/observe/access_log.py``)."""
+
+    enabled: bool = False
+    path: str = Field("-", min_length=1, description="'-' for stdout, else a file appended to")
+    sampling: float = Field(1.0, ge=0, le=1, description="share of requests logged")
+    flush_interval: float = Field(0.5, gt=0, le=60, description="seconds lines may wait in "
+                                  "memory before they are written")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -390,7 +417,7 @@ class Settings(BaseSettings):
     balancer: str = "least_expected_work"
     scheduling: SchedulingConfig = SchedulingConfig()
     redis_url: str | None = None
-    # Shared state (with redis_url; README "Several instances"): every key under the prefix.
+    # Shared state (with redis_url; docs/deploy.md "Several instances"): every key under the prefix.
     redis_key_prefix: str = Field("llm-gateway:", min_length=1)
     redis_sync_interval: float = Field(0.1, gt=0, le=10, description="seconds between syncs "
                                        "(a request placed or ended is announced at once)")
@@ -418,6 +445,8 @@ class Settings(BaseSettings):
                                     "open, as without keys")
     canary: CanaryConfig = CanaryConfig()
     responses: ResponsesConfig = ResponsesConfig()
+    tracing: TracingConfig = TracingConfig()
+    access_log: AccessLogConfig = AccessLogConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

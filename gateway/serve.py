@@ -2,8 +2,8 @@
 
 Replicas are listed as {url, engine}, {host, gpus, base_port, engine} (one per GPU) or
 {dns, port, engine} (one per address the name resolves to, re-resolved every dns.interval
-seconds: a Kubernetes headless Service). Full reference: README "Running it" and "Deploy".
-An `auth` section turns on API keys and per-key limits (README "API keys and limits";
+seconds: a Kubernetes headless Service). Full reference: docs/index.md ("Running it") and docs/deploy.md.
+An `auth` section turns on API keys and per-key limits (docs/keys-and-limits.md "API keys and limits";
 secrets from `llm-gateway keys new`).
 
 Example:
@@ -19,6 +19,7 @@ import sys
 
 import uvicorn
 
+from gateway import observe
 from gateway.app import CONFIG_ENV, create_app
 from gateway.config import ConfigError, load_settings
 from gateway.metrics import prepare_multiprocess_dir
@@ -27,7 +28,7 @@ log = logging.getLogger("gateway")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config file (see README); env GATEWAY_* overrides")
+    parser.add_argument("--config", help="YAML config file (docs/index.md); env GATEWAY_* overrides")
     parser.add_argument("--host", help="listen address (default: config `host`, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: config `port`, 8080)")
     parser.add_argument("--workers", type=int, default=1,
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings(args.config)
+        observe.check(settings)
     except ConfigError as exc:
         print(f"llm-gateway: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Output agreement and the verdict on real engines (README "Canary", measured on vLLM).
+"""Output agreement and the verdict on real engines (docs/canary.md "Canary", measured on vLLM).
 
 Two vLLM engines with the same weights, one fp32 and one bf16, already running (vLLM's
 OpenAI server, served model name `tiny`); this starts two gateways sharing the local Redis

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER
+from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
 
@@ -37,6 +38,7 @@ class Serving(Protocol):
     access: "AccessControl"
     attempts: "Attempts"
     metrics: "GatewayMetrics"
+    outcomes: Outcomes
     draining: bool
     active_requests: int
 
@@ -58,15 +60,24 @@ class HeadersTooLarge(InvalidRequest):
     reason = "headers_too_large"
 
 
-def read_headers(scope: Scope) -> tuple[str, str | None, str | None, bytes | None]:
-    """One pass over the headers: the request id (the client's ``x-request-id`` or a new one),
-    the client's session (``x-session-id``), forced pool (``x-gateway-pool``) and its
-    ``authorization``; raises if the header block is too big.
+class Headers(NamedTuple):
+    """What the edge reads of a request's headers, in one pass."""
+
+    request_id: str  # the client's ``x-request-id``, or a new one
+    session: str | None  # ``x-session-id``
+    pool: str | None  # ``x-gateway-pool`` (forced pool)
+    authorization: bytes | None
+    traceparent: bytes | None  # W3C trace context, for tracing and the access log
+    tracestate: bytes | None
+
+
+def read_headers(scope: Scope) -> Headers:
+    """One pass over the headers; raises if the header block is too big.
 
     uvicorn's httptools parser sets no limit of its own, so the check is made here, where
     the request is refused before anything is read or reserved.
     """
-    request_id = session = pool = authorization = None
+    request_id = session = pool = authorization = traceparent = tracestate = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -80,9 +91,14 @@ def read_headers(scope: Scope) -> tuple[str, str | None, str | None, bytes | Non
             pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
         elif key == b"authorization":
             authorization = value
+        elif key == b"traceparent":
+            traceparent = value
+        elif key == b"tracestate":
+            tracestate = value
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return request_id or new_request_id(), session, pool, authorization
+    return Headers(request_id or new_request_id(), session, pool, authorization, traceparent,
+                   tracestate)
 
 
 JSON = (b"content-type", b"application/json")
@@ -98,92 +114,123 @@ async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
 class GenerationEndpoint:
     """One generation route: ``parse`` turns the body into a GenerationRequest."""
 
-    def __init__(self, gateway: Serving, api: Api,
+    def __init__(self, gateway: Serving, api: Api, route: str,
                  parse: Callable[[bytes], GenerationRequest]) -> None:
         self.gateway = gateway
         self.api = api
+        self.route = route
         self.parse = parse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = time.perf_counter()
         gateway = self.gateway
-        request: GenerationRequest | None = None
+        outcomes = gateway.outcomes
+        headers: Headers | HeadersTooLarge
         try:
-            request_id, session, pool, authorization = read_headers(scope)
+            headers = read_headers(scope)
+            record = RequestRecord(headers.request_id, self.api, self.route, arrival,
+                                   headers.traceparent, headers.tracestate)
         except HeadersTooLarge as error:
-            await self._reject(send, error, None, new_request_id())
-            return
+            headers, record = error, RequestRecord(new_request_id(), self.api, self.route,
+                                                   arrival)
+        if outcomes.requests:  # the access log, tracing
+            outcomes.request_started(record)
         gateway.active_requests += 1
-        key = None
         try:
-            try:
-                if gateway.draining:
-                    raise Draining()
-                key = gateway.access.authenticate(authorization)  # before the body: 401 early
-                body = await read_body(receive, gateway.settings.client_body_timeout)
-                request = self.parse(body)
-                request.session, request.pool = session, pool
-                preparing = gateway.admitter.prepare(request)  # an adapter to load, a
-                if preparing is not None:                      # stored Response's replica
-                    await preparing
-                model, admission = gateway.admitter.admit(request)
-                # The key's allowlist and limits; the grant is settled below, however it ends.
-                grant = await gateway.access.admit(key, request, model.name,
-                                                   admission.cost.prompt_tokens,
-                                                   admission.cost.output_tokens)
-            except GatewayError as error:
-                await self._reject(send, error, request, request_id, key)
-                return
-            except asyncio.CancelledError:
-                return  # the client left before sending its whole body
-            reply: "Reply | None" = None
-            try:
-                async with cancel_on_disconnect(receive):
-                    try:
-                        reply = await gateway.attempts.serve(request, model, admission,
-                                                             arrival, request_id)
-                    except GatewayError as error:
-                        if error.reason in _GATEWAY_REASONS:
-                            gateway.metrics.reject(model.name, request.api, error.reason)
-                            if request.caller is not None:
-                                gateway.metrics.key_rejected(request.caller.name, model.name,
-                                                             error.reason)
-                        await send_error(send, error, request.api, request_id, grant.headers)
-                        return
-                    headers = reply.headers + grant.headers if grant.headers else reply.headers
-                    if reply.stream is None:
-                        await send_whole(send, reply.status, headers, reply.body)
-                        return
-                    sink = None
-                    try:
-                        sink = await open_stream(send, reply.status, headers, reply.first)
-                        reply.stream.attach(sink)  # the rest goes out as the replica sends it
-                        await reply.stream.wait()
-                        await sink.finish()
-                    finally:
-                        reply.stream.close()
-                        if sink is not None:
-                            sink.close()
-            finally:
-                usage = reply.usage if reply is not None else None
-                grant.settle(usage)
-                if request.caller is not None:
-                    gateway.metrics.key_done(request.caller.name, model.name, usage)
+            if isinstance(headers, HeadersTooLarge):
+                await self._reject(send, headers, record)
+            else:
+                await self._serve(record, headers, receive, send)
         finally:
             gateway.active_requests -= 1
+            if outcomes.requests:
+                record.ended_at = time.perf_counter()
+                outcomes.request_ended(record)
 
-    async def _reject(self, send: Send, error: GatewayError, request: GenerationRequest | None,
-                      request_id: str, key: "ApiKey | None" = None) -> None:
+    async def _serve(self, record: RequestRecord, headers: Headers, receive: Receive,
+                     send: Send) -> None:
+        gateway = self.gateway
+        request_id = record.request_id
+        request: GenerationRequest | None = None
+        try:
+            if gateway.draining:
+                raise Draining()
+            # Before the body: 401 early.
+            key = gateway.access.authenticate(headers.authorization)
+            if key is not None:
+                record.key = key.name
+            body = await read_body(receive, gateway.settings.client_body_timeout)
+            request = record.request = self.parse(body)
+            request.session, request.pool = headers.session, headers.pool
+            preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
+            if preparing is not None:                      # Response's replica
+                await preparing
+            model, admission = gateway.admitter.admit(request)
+            record.model = model.name
+            # The key's allowlist and limits; the grant is settled below, however it ends.
+            grant = await gateway.access.admit(key, request, model.name,
+                                               admission.cost.prompt_tokens,
+                                               admission.cost.output_tokens)
+            record.admitted_at = time.perf_counter()
+        except GatewayError as error:
+            await self._reject(send, error, record)
+            return
+        except asyncio.CancelledError:
+            record.client_left, record.status = True, 499
+            return  # the client left before sending its whole body
+        reply: "Reply | None" = None
+        watch = cancel_on_disconnect(receive)
+        try:
+            async with watch:
+                try:
+                    reply = await gateway.attempts.serve(request, model, admission, record)
+                except GatewayError as error:
+                    if error.reason in _GATEWAY_REASONS:
+                        gateway.metrics.reject(model.name, request.api, error.reason)
+                        if request.caller is not None:
+                            gateway.metrics.key_rejected(request.caller.name, model.name,
+                                                         error.reason)
+                        record.error = error.reason
+                    record.status = error.status_for(request.api)
+                    await send_error(send, error, request.api, request_id, grant.headers)
+                    return
+                record.status = reply.status
+                headers_out = reply.headers + grant.headers if grant.headers else reply.headers
+                if reply.stream is None:
+                    await send_whole(send, reply.status, headers_out, reply.body)
+                    return
+                sink = None
+                try:
+                    sink = await open_stream(send, reply.status, headers_out, reply.first)
+                    reply.stream.attach(sink)  # the rest goes out as the replica sends it
+                    await reply.stream.wait()
+                    await sink.finish()
+                finally:
+                    reply.stream.close()
+                    if sink is not None:
+                        sink.close()
+        finally:
+            if watch.gone.is_set():
+                record.client_left = True
+                record.status = record.status or 499
+            usage = reply.usage if reply is not None else None
+            grant.settle(usage)
+            if request.caller is not None:
+                gateway.metrics.key_done(request.caller.name, model.name, usage)
+
+    async def _reject(self, send: Send, error: GatewayError, record: RequestRecord) -> None:
+        request = record.request
         # The client's protocol: the route's, unless its body said otherwise (/tokenize).
         api = request.api if request is not None else error.api or self.api
         model_label = self._model_label(request.model if request else None, api)
         metrics = self.gateway.metrics
         metrics.reject(model_label, api, error.reason)
-        if key is not None:
-            metrics.key_rejected(key.name, model_label, error.reason)
+        if record.key is not None:
+            metrics.key_rejected(record.key, model_label, error.reason)
         elif error.reason == "unauthorized":
             metrics.key_rejected("", model_label, error.reason)
-        await send_error(send, error, api, request_id)
+        record.status, record.error = error.status_for(api), error.reason
+        await send_error(send, error, api, record.request_id)
 
     def _model_label(self, name: str | None, api: Api) -> str:
         """Only served names (configured, or listed by an engine) become label values

@@ -15,10 +15,10 @@ random):
   (released as they stream back). ``prefill_weight`` prices a prompt token in output tokens:
   1 by default, because on the calibrated profile the measured optimum sits there (a prompt
   token costs the GPU several times less time, but it is owed up front, before any first
-  token, while decode work is spread over the whole batch's life; see README "Scheduling").
+  token, while decode work is spread over the whole batch's life; see docs/performance.md "Scheduling").
 - **Requests as well as tokens.** A batched engine's step time grows with the sequences it
   runs, not with the tokens each has left, so each request in flight adds
-  ``request_tokens`` (1,024: measured on two timing models, README "Scheduling").
+  ``request_tokens`` (1,024: measured on two timing models, docs/performance.md "Scheduling").
 - **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
   (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix
   scores lower by ``prefix_weight`` output tokens per cached prompt token: the prefill it

@@ -3,7 +3,7 @@
 Clients set ``max_tokens`` far above what they use, and differently from each other (one
 asks 256, another 4,096 for the same kind of answer). Reserving what they ask makes the
 ledger's outstanding work mostly noise; reserving what requests of the same kind actually
-generated makes it work. Measured in virtual time (README "Scheduling": requests asking 256,
+generated makes it work. Measured in virtual time (docs/performance.md "Scheduling": requests asking 256,
 1,024 or 4,096 at random), reserving the asks raised TTFT p99 by 20-100% over knowing each
 true length; the learned expectation came within 7% of knowing it.
 

@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gateway.canary.agreement import Agreement, Pair, TextCollector
+from gateway.dataplane.outcome import RequestRecord
 from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
 from gateway.protocol.errors import GatewayError, Overloaded
@@ -68,7 +69,7 @@ class Shadows:
                     metrics.start_at_zero(name, pool.name)
 
     def start(self, request: GenerationRequest, model: ServedModel, pool: str,
-              request_id: str) -> TextCollector | None:
+              primary_record: RequestRecord) -> TextCollector | None:
         """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
         sample draws it). Returns the collector of the primary's text, to be fed and ended
         with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
@@ -91,16 +92,20 @@ class Shadows:
             primary.pairs.append(pair)
             copy = dataclasses.replace(request, shadow=True, pool=target.name)
             self.in_flight += 1  # released in _run's finally, exactly once
-            task = asyncio.create_task(self._run(copy, pair, f"{request_id}-shadow"),
+            task = asyncio.create_task(self._run(copy, pair, primary_record),
                                        name="canary-shadow")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return primary
 
-    async def _run(self, request: GenerationRequest, pair: Pair, request_id: str) -> None:
+    async def _run(self, request: GenerationRequest, pair: Pair,
+                   primary: RequestRecord) -> None:
         ok = False
         try:
-            arrival = time.perf_counter()
+            # Its own record (no client hears of it: no access log line); tracing links
+            # its attempt to the primary's request.
+            record = RequestRecord(f"{primary.request_id}-shadow", primary.api, primary.route,
+                                   time.perf_counter(), primary=primary, request=request)
             try:
                 model, admission = self.admitter.admit(request)
                 # No session: the balancer would remember the shadow replica as the session's
@@ -114,7 +119,7 @@ class Shadows:
                 log.debug("shadow copy to %s not sent: %s", pair.pool, error.message)
                 return
             try:
-                reply = await self._relay().forward(request, placement, arrival, request_id)
+                reply = await self._relay().forward(request, placement, record)
             except GatewayError:
                 return  # counted by the relay under role="shadow"; never retried
             if reply.stream is None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gateway.canary import shadow
 from gateway.canary.split import sticky_key
 from gateway.dataplane.admission import Admission
+from gateway.dataplane.outcome import RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
@@ -36,7 +37,7 @@ class Attempts:
         self.shadows = shadows
 
     async def serve(self, request: GenerationRequest, model: ServedModel, admission: Admission,
-                    arrival: float, request_id: str) -> Reply:
+                    record: RequestRecord) -> Reply:
         """The reply of the first replica that answers; raises the last failure (or the
         placement's refusal) when none does."""
         self.budget.request()
@@ -51,7 +52,7 @@ class Attempts:
                 if caller is not None:
                     self.metrics.key_queued(caller.name, model.name, placement.queued_for)
             try:
-                reply = await self.relay.forward(request, placement, arrival, request_id)
+                reply = await self.relay.forward(request, placement, record)
             except GatewayError as error:
                 tried.append(placement.replica)
                 if (error.retry_kind is None or len(tried) >= self.max_attempts
@@ -62,7 +63,7 @@ class Attempts:
                 continue
             if model.name in self.shadows.models:  # canary: copy it, now that it answers
                 primary_text = self.shadows.start(request, model, placement.replica.pool,
-                                                  request_id)
+                                                  record)
                 if primary_text is not None:
                     reply = shadow.primary_reply(primary_text, reply)
             return reply

@@ -1,19 +1,24 @@
-"""What one attempt came to, and who hears of it.
+"""What one attempt and one client request came to, and who hears of it.
 
 An attempt is one try of a request on one replica, from its placement to its end: sent,
 first token, the end (completed, failed, timed out, cut by the client). The relay fills in
-an ``Attempt`` as it goes and tells the ``Outcomes`` twice at most, at its first token and
-at its end, never per event. Everything that learns from how requests went listens there,
-registered once at wiring: the request metrics, passive outlier detection, the canary's
-samples, the output-length estimate.
+an ``Attempt`` as it goes and tells the ``Outcomes`` three times at most, as it is sent, at
+its first token and at its end, never per event. Everything that learns from how requests
+went listens there, registered once at wiring: the request metrics, passive outlier
+detection, the canary's samples, the output-length estimate, tracing.
+
+A ``RequestRecord`` is one client request at the HTTP edge, from arrival to its answer,
+with its attempts (a retry is one more). The edge tells the listeners when it starts and
+when it ends (the access log, tracing); with none registered that costs one check.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
+from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
 
@@ -47,6 +52,7 @@ class Attempt:
     answered: bool = False  # the replica answered 2xx (a body, or a stream's start)
     error: str | None = None  # why it failed (the kinds above), None when it did not
     usage: Usage = field(default_factory=Usage)
+    trace: Any = None  # tracing's span of it (None: tracing off)
 
     @property
     def replica(self) -> "Replica":
@@ -90,8 +96,50 @@ class Attempt:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
 
 
+@dataclass(slots=True, eq=False)
+class RequestRecord:
+    """One client request at the HTTP edge, from arrival to the end of its answer. Times are
+    ``time.perf_counter()``; ``status`` is what the client was answered (a stream that broke
+    after its start was answered 200: its last attempt says how it ended)."""
+
+    request_id: str
+    api: Api
+    route: str              # the gateway route called, e.g. "/v1/chat/completions"
+    arrival: float
+    traceparent: bytes | None = None  # the client's W3C trace context, as sent
+    tracestate: bytes | None = None
+    primary: "RequestRecord | None" = None  # a canary shadow copy's primary request
+    request: GenerationRequest | None = None  # None: refused before its body parsed
+    model: str | None = None  # the configured model it was admitted to
+    key: str | None = None    # the API key's name (never the secret)
+    admitted_at: float = 0.0  # admission done (window check, key limits)
+    attempts: list[Attempt] = field(default_factory=list)
+    status: int = 0
+    error: str | None = None  # the gateway's error reason, when it answered one itself
+    client_left: bool = False
+    ended_at: float = 0.0
+    trace: Any = None  # tracing's span of it (None: tracing off)
+    trace_id: str | None = None  # its trace's id (hex), when tracing started its span
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def queued_for(self) -> float:
+        """Seconds waited for a free replica slot, over all attempts."""
+        return sum(a.placement.queued_for for a in self.attempts)
+
+
 class Listener:
-    """Hears of attempts: override what you need (both are called once per attempt)."""
+    """Hears of attempts and of client requests: override what you need (each is called
+    at most once per attempt or request)."""
+
+    def sending(self, attempt: Attempt, record: "RequestRecord") -> tuple[bytes, bytes] | None:
+        """The attempt of ``record`` is about to be sent: a header to send with it, if any.
+        (An attempt holds no reference to its record: the record holds its attempts, and a
+        cycle would leave each request's objects to the garbage collector.)"""
+        return None
 
     def first_token(self, attempt: Attempt) -> None:
         pass
@@ -99,19 +147,51 @@ class Listener:
     def ended(self, attempt: Attempt) -> None:
         pass
 
+    def request_started(self, record: RequestRecord) -> None:
+        pass
+
+    def request_ended(self, record: RequestRecord) -> None:
+        pass
+
+
+def _overriding(listeners: tuple[Listener, ...], name: str) -> tuple[Listener, ...]:
+    return tuple(l for l in listeners if getattr(type(l), name) is not getattr(Listener, name))
+
 
 class Outcomes:
-    """The listeners, told in the order registered."""
+    """The listeners, told in the order registered. ``sends`` and ``requests`` are false
+    when nobody listens there, so the data path skips those calls with one check."""
 
     def __init__(self, listeners: Iterable[Listener] = ()) -> None:
         self.listeners: tuple[Listener, ...] = tuple(listeners)
-        self._first = tuple(l for l in self.listeners
-                            if type(l).first_token is not Listener.first_token)
+        self._first = _overriding(self.listeners, "first_token")
+        self._attempt_ended = _overriding(self.listeners, "ended")
+        self._sending = _overriding(self.listeners, "sending")
+        self._started = _overriding(self.listeners, "request_started")
+        self._ended = _overriding(self.listeners, "request_ended")
+        self.sends = bool(self._sending)
+        self.requests = bool(self._started or self._ended)
+
+    def sending(self, attempt: Attempt, record: RequestRecord) -> list[tuple[bytes, bytes]]:
+        headers = []
+        for listener in self._sending:
+            header = listener.sending(attempt, record)
+            if header is not None:
+                headers.append(header)
+        return headers
 
     def first_token(self, attempt: Attempt) -> None:
         for listener in self._first:
             listener.first_token(attempt)
 
     def ended(self, attempt: Attempt) -> None:
-        for listener in self.listeners:
+        for listener in self._attempt_ended:
             listener.ended(attempt)
+
+    def request_started(self, record: RequestRecord) -> None:
+        for listener in self._started:
+            listener.request_started(record)
+
+    def request_ended(self, record: RequestRecord) -> None:
+        for listener in self._ended:
+            listener.request_ended(record)

@@ -22,7 +22,7 @@ import time
 
 from gateway.config import TimeoutsConfig
 from gateway.dataplane.outcome import (BAD_RESPONSE, CONNECT, STREAM_BROKEN, STREAM_TIMEOUT,
-                                       TIMEOUT, TRANSPORT, Attempt, Outcomes)
+                                       TIMEOUT, TRANSPORT, Attempt, Outcomes, RequestRecord)
 from gateway.dataplane.placement import Placement
 from gateway.dataplane.reply import Reply, Sink, Tap
 from gateway.metrics import status_class
@@ -46,11 +46,14 @@ class Relay:
         self.timeouts = timeouts
         self.outcomes = outcomes
 
-    async def forward(self, request: GenerationRequest, placement: Placement, arrival: float,
-                      request_id: str) -> Reply:
-        """Send to the replica. Raises GatewayError (lease released) if nothing can be sent
-        to the client; its ``retry_kind`` is set when another replica may be tried."""
-        attempt = Attempt(request, placement, arrival)
+    async def forward(self, request: GenerationRequest, placement: Placement,
+                      record: RequestRecord) -> Reply:
+        """Send to the replica, as one more attempt of ``record``. Raises GatewayError (lease
+        released) if nothing can be sent to the client; its ``retry_kind`` is set when
+        another replica may be tried."""
+        attempt = Attempt(request, placement, record.arrival)
+        record.attempts.append(attempt)
+        request_id = record.request_id
         replica = placement.replica
         response: UpstreamResponse | None = None
         content = b""
@@ -65,6 +68,8 @@ class Relay:
                        (b"x-request-id", request_id.encode()),
                        (b"accept-encoding", b"identity"))
             attempt.sent_at = time.perf_counter()
+            if self.outcomes.sends:  # tracing: the attempt's traceparent
+                headers += tuple(self.outcomes.sending(attempt, record))
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream
                                            else self.timeouts.total):

@@ -28,12 +28,13 @@ from gateway.sim.pooling import PoolingRoutes
 from gateway.sim.responses import SimResponses
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
-from gateway.sim.wire import OpenAIStream, TGIStream, Vocab, openai_body, tgi_output
+from gateway.sim.wire import (LLAMACPP_BUILD, VLLM_VERSION, LlamaCppStream, OpenAIStream, TGIStream,
+                              Vocab, llamacpp_body, openai_body, tgi_output)
 from gateway.tokens import ModelTokenizer
 
 Handler = Callable[[Request], Awaitable[None]]
 FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
-VERSION = {"vllm": "0.15.1", "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": "b6000"}
+VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": LLAMACPP_BUILD}
 
 
 @dataclass
@@ -280,8 +281,12 @@ class SimApp:
             raise
         # vLLM answers an alias under its first served name, an adapter under its own.
         model = cfg.model if name is None or name in self.names.aliases else name
-        events = OpenAIStream(d.name, chat, model, job, self.vocab,
-                              job.include_usage and not cfg.no_stream_usage,
+        include_usage = job.include_usage and not cfg.no_stream_usage
+        if d.name == "llamacpp":  # its own field order and end of stream
+            await self.run(req, job, LlamaCppStream(chat, model, job, self.vocab, include_usage, d.data_prefix),
+                           lambda pieces, seq: llamacpp_body(chat, model, job, self.vocab))
+            return
+        events = OpenAIStream(d.name, chat, model, job, self.vocab, include_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
         self.names.begin(name)
         try:
@@ -457,8 +462,8 @@ class SimApp:
     async def props(self, req: Request) -> None:
         cfg = self.cfg
         await respond_json(req.send, 200, {
-            "default_generation_settings": {"n_ctx": cfg.max_model_len, "n_predict": -1, "model": cfg.model,
-                                            "params": {"n_predict": -1, "seed": -1}},
+            "default_generation_settings": {"params": {"n_predict": -1, "seed": -1},
+                                            "n_ctx": cfg.max_model_len},
             "total_slots": cfg.profile.max_running_seqs, "model_path": cfg.model,
             "chat_template": cfg.tokenizer.chat_template or "", "build_info": VERSION["llamacpp"]})
 

@@ -83,17 +83,15 @@ class Dialect:
                     f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the "
                     f"completion). Please reduce the length of the messages or completion.", "context")
             return
-        if prompt >= limit:
+        # vLLM 0.32 tokenizes one token past the window and no further; a prompt that fits
+        # gets max_tokens cut to what is left (a 200), down to the "at least 1" refusal.
+        if prompt > limit:
             raise ClientError(
-                f"This model's maximum context length is {limit} tokens. However, your request has "
-                f"{prompt} input tokens. Please reduce the length of the input messages. "
-                f"(parameter=input_tokens, value={prompt})", "context", "input_tokens")
-        if max_tokens is not None and prompt + max_tokens > limit:
-            raise ClientError(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-                f"maximum context length is {limit} tokens and your request has {prompt} input tokens "
-                f"({max_tokens} > {limit} - {prompt}). (parameter=max_tokens, value={max_tokens})",
-                "context", "max_tokens")
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains at least {limit + 1} input tokens, which exceeds this limit even without "
+                f"any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={limit + 1})", "context", "input_tokens")
+        self.check_max_tokens(limit - prompt if max_tokens is None else min(max_tokens, limit - prompt))
 
     def check_max_tokens(self, max_tokens: int | None) -> None:
         if max_tokens is not None and max_tokens < 1:

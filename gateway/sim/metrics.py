@@ -179,8 +179,16 @@ def _vllm(m: Meter, g: Gauges, model: str, x: Exposition) -> None:
     lab = {"model_name": model, "engine": "0"}
     x.sample("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", g.running, lab)
     x.sample("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", g.waiting, lab)
+    # vLLM 0.32: why they wait (the simulated ones all wait for capacity)
+    x.samples("vllm:num_requests_waiting_by_reason", "gauge", "Number of requests waiting by reason.",
+              (({**lab, "reason": "capacity"}, g.waiting), ({**lab, "reason": "deferred"}, 0)))
     x.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
              g.kv_used / max(1, g.kv_capacity), lab)
+    # The KV cache's size (the engine's real info metric has some forty labels; these matter)
+    block = 16
+    x.sample("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", 1.0,
+             {"block_size": str(block), "enable_prefix_caching": "True", "engine": "0",
+              "kv_cache_size_tokens": str(g.kv_capacity), "num_gpu_blocks": str(g.kv_capacity // block)})
     x.sample("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", m.prefix_queries, lab)
     x.sample("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", m.prefix_hits, lab)
     x.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", m.preemptions, lab)

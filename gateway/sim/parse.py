@@ -42,6 +42,7 @@ class Extras:
     decoder_input_details: bool = False  # TGI
     return_full_text: bool = False       # TGI
     prompt_text: str = ""                # the prompt as text (echo, return_full_text)
+    timings_per_token: bool = False      # llama.cpp: timings (predicted_n) on every chunk
 
 
 @dataclass
@@ -227,6 +228,8 @@ def _logprob_options(body: dict[str, Any], chat: bool, stream: bool, dialect: Di
         extras.include_stop = bool(field(body, "no_stop_trim", bool, dialect, False))
     if not chat and dialect.name in ("vllm", "sglang"):
         extras.echo = bool(field(body, "echo", bool, dialect, False))
+    if dialect.name == "llamacpp":
+        extras.timings_per_token = bool(field(body, "timings_per_token", bool, dialect, False))
     return extras
 
 

@@ -35,6 +35,12 @@ from gateway.sim.textgen import EOS, PIECES, PIECES_JSON, text
 _HOLE = "\x00"
 _HOLE_JSON = b'"\\u0000"'
 DONE = b"data: [DONE]\n\n"
+VLLM_VERSION = "0.32.0"  # the answers' shapes are this version's (checked against it: tests/real_engines)
+VLLM_FINGERPRINT = f"vllm-{VLLM_VERSION}-5171a7ed"
+# vLLM's chat message beside role and content (no tool_calls when there are none)
+_VLLM_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call", "reasoning")
+LLAMACPP_BUILD = "b1-5171a7e"  # llama.cpp's build_info, also its system_fingerprint
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def _split(obj: Any) -> list[bytes]:
@@ -117,7 +123,9 @@ class _Logprobs:
         return out
 
     def llamacpp(self, start: int, pieces: Sequence[int]) -> dict[str, Any] | None:
-        if not self.k:  # n_probs 0: no probabilities
+        """llama.cpp's format, on both routes (chat's ``top_logprobs`` 0 still lists the
+        tokens; a completion's ``n_probs`` 0 has no probabilities)."""
+        if self.job.extras.logprobs is None or not (self.k or self.job.extras.chat_logprobs):
             return None
         content = []
         for position, j in enumerate(pieces, start):
@@ -145,8 +153,6 @@ class _Logprobs:
             return None
         if chat:
             return self.chat(start, pieces)
-        if self.dialect == "llamacpp":
-            return self.llamacpp(start, pieces)
         return self.completion(start, pieces, offset)
 
 
@@ -198,28 +204,47 @@ class OpenAIStream:
         self.include_usage, self.continuous = include_usage, continuous_usage
         self.prefix = data_prefix
         self.choice = job.choices[0]
-        self.final_chunk = dialect == "llamacpp"  # llama.cpp ends with a chunk of its own
-        self.finish = orjson.dumps(_openai_finish(self.choice))
         self.id = request_id("chatcmpl-" if chat else "cmpl-")
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.plain = _plain(dialect, job)
-        self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop)
         self.logprobs = _Logprobs(dialect, job, vocab, job.seed)
         self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
-        stop = _stop_field(dialect, self.choice, vocab)
-        choice: dict[str, Any] = ({"index": 0, "delta": {"content": _HOLE}, "logprobs": None,
-                                   "finish_reason": _HOLE} if chat else
-                                  {"index": 0, "text": _HOLE, "logprobs": None, "finish_reason": _HOLE})
-        if stop is not None:
-            choice[stop[0]] = None
-        chunk: dict[str, Any] = {"id": self.id, "object": self.obj, "created": self.created,
-                                 "model": model, "choices": [choice]}
-        if dialect == "sglang" and not continuous_usage:
+        # The plain path's two templates (holes: the text, and the usage when continuous):
+        # every token's chunk, and the last one's (finish reason, and what ends the stream).
+        self.parts = _split(self._chunk(_HOLE, None, self.n, None, _HOLE))
+        self.last_parts = _split(self._chunk(_HOLE, None, self.n - 1, None, _HOLE))
+
+    def _chunk(self, text: Any, logprobs: Any, k: int, token_id: int | None, usage_now: Any) -> dict[str, Any]:
+        """The event of token ``k`` (``usage_now``: the running usage, when continuous), in
+        the engine's field order."""
+        last = k == self.n - 1
+        vllm, ids = self.dialect == "vllm", self.job.extras.token_ids
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = _openai_finish(self.choice) if last else None
+        stop = _stop_field(self.dialect, self.choice, self.vocab)
+        if stop is not None and (last or not (vllm and self.chat)):  # vLLM chat: at the end only
+            choice[stop[0]] = stop[1] if last else None
+        if vllm and not self.chat:
+            choice["prompt_token_ids"] = self.job.prompt_ids if ids and k == 0 else None
+        elif ids and k == 0:
+            choice["prompt_token_ids"] = self.job.prompt_ids
+        if vllm or ids:
+            choice["token_ids"] = [token_id] if ids else None
+        chunk: dict[str, Any] = {**self._head(), "choices": [choice]}
+        if self.continuous:
+            chunk["usage"] = usage_now
+        elif self.dialect == "sglang":
             chunk["usage"] = None
-        if continuous_usage:
-            chunk["usage"] = _HOLE
-        self.parts = _split(chunk)
+        if vllm and last and not self.include_usage:  # vLLM: the fingerprint on the last chunk
+            chunk["system_fingerprint"] = VLLM_FINGERPRINT
+        return chunk
 
     def _usage(self, completion: int) -> bytes:
         return orjson.dumps(usage(self.prompt_tokens, completion))
@@ -228,12 +253,14 @@ class OpenAIStream:
         return {"id": self.id, "object": self.obj, "created": self.created, "model": self.model}
 
     def open(self) -> bytes:
-        """vLLM's first chat chunk carries the role and no token (llama.cpp's a null content)."""
+        """vLLM's first chat chunk carries the role and no token."""
         if not self.chat:
             return b""
-        content = None if self.dialect == "llamacpp" else ""
         chunk: dict[str, Any] = {**self._head(), "choices": [{"index": 0, "delta": {"role": "assistant",
-                                 "content": content}, "logprobs": None, "finish_reason": None}]}
+                                 "content": ""}, "logprobs": None, "finish_reason": None}]}
+        if self.dialect == "vllm":
+            chunk["prompt_token_ids"] = self.job.prompt_ids if self.job.extras.token_ids else None
+            chunk["prompt_text"] = None
         if self.continuous:
             chunk["usage"] = usage(self.prompt_tokens, 0)
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
@@ -242,75 +269,153 @@ class OpenAIStream:
         """Events for tokens ``start .. start+len(pieces)-1`` (one event per token)."""
         if not self.plain:
             return b"".join(self._rich(k, j) for k, j in enumerate(pieces, start))
-        p0, p1, p2 = self.parts[0], self.parts[1], self.parts[2]
-        head, last = self.prefix + p0, -1 if self.final_chunk else self.n - 1
+        last = self.n - 1
         out = []
         for k, j in enumerate(pieces, start):
-            fin = self.finish if k == last else b"null"
+            parts = self.last_parts if k == last else self.parts
             if self.continuous:
-                out.append(head + PIECES_JSON[j] + p1 + fin + p2 + self._usage(k + 1) + self.parts[3] + b"\n\n")
+                out.append(self.prefix + parts[0] + PIECES_JSON[j] + parts[1] + self._usage(k + 1) + parts[2] + b"\n\n")
             else:
-                out.append(head + PIECES_JSON[j] + p1 + fin + p2 + b"\n\n")
+                out.append(self.prefix + parts[0] + PIECES_JSON[j] + parts[1] + b"\n\n")
         return b"".join(out)
 
     def _rich(self, k: int, j: int) -> bytes:
-        last = k == self.n - 1 and not self.final_chunk
         piece_text = self.texts[k]
         if k == 0 and self.job.extras.echo:
             piece_text = self.job.extras.prompt_text + piece_text
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["delta"] = {"content": piece_text}
-        else:
-            choice["text"] = piece_text
-        choice["logprobs"] = self.logprobs.of(k, [j], self.offset, self.chat)
+        logprobs = self.logprobs.of(k, [j], self.offset, self.chat)
         self.offset += len(piece_text)
-        choice["finish_reason"] = _openai_finish(self.choice) if last else None
-        stop = _stop_field(self.dialect, self.choice, self.vocab)
-        if stop is not None:
-            choice[stop[0]] = stop[1] if last else None
-        if self.job.extras.token_ids:
-            if k == 0:
-                choice["prompt_token_ids"] = self.job.prompt_ids
-            choice["token_ids"] = [self.vocab.id(j)]
-        chunk: dict[str, Any] = {**self._head(), "choices": [choice]}
-        if self.continuous:
-            chunk["usage"] = usage(self.prompt_tokens, k + 1)
-        elif self.dialect == "sglang":
-            chunk["usage"] = None
+        chunk = self._chunk(piece_text, logprobs, k, self.vocab.id(j), usage(self.prompt_tokens, k + 1))
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
 
     def close(self, generated: int) -> bytes:
-        out = b""
-        if self.final_chunk:  # llama.cpp: the finish reason (and a completion's usage) on its own
-            choice: dict[str, Any] = ({"finish_reason": _openai_finish(self.choice), "index": 0, "delta": {}}
-                                      if self.chat else {"text": "", "index": 0, "logprobs": None,
-                                                         "finish_reason": _openai_finish(self.choice)})
-            chunk: dict[str, Any] = {"choices": [choice], "created": self.created, "id": self.id,
-                                     "model": self.model, "system_fingerprint": "b6000-sim", "object": self.obj}
-            if not self.chat:
-                chunk["usage"] = usage(self.prompt_tokens, generated)
-            out += self.prefix + orjson.dumps(chunk) + b"\n\n"
-            if not self.chat or not self.include_usage:
-                return out + self.prefix + b"[DONE]\n\n"
-        elif not self.include_usage:
+        if not self.include_usage:
             return self.prefix + b"[DONE]\n\n"
         chunk = {**self._head(), "choices": [], "usage": usage(self.prompt_tokens, generated)}
-        return out + self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
+        if self.dialect == "vllm":
+            chunk["system_fingerprint"] = VLLM_FINGERPRINT
+        return self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
+
+
+class LlamaCppStream:
+    """llama.cpp's SSE events for ``/v1/completions`` and ``/v1/chat/completions``, in its
+    own field order: the end in a chunk of its own after the last token (a completion's with
+    usage and timings; chat's usage in one more chunk when asked), ids ``chatcmpl-`` on both
+    routes, ``timings`` on every token's chunk with ``timings_per_token``."""
+
+    def __init__(self, chat: bool, model: str, job: Job, vocab: Vocab, include_usage: bool,
+                 data_prefix: bytes = b"data: ") -> None:
+        self.chat, self.model, self.job, self.vocab = chat, model, job, vocab
+        self.include_usage, self.prefix = include_usage, data_prefix
+        self.choice = job.choices[0]
+        self.texts = openai_texts(self.choice, trim_stop=True)
+        self.logprobs = _Logprobs("llamacpp", job, vocab, job.seed)
+        self.per_token = job.extras.timings_per_token
+        self.id, self.created = llamacpp_id(), int(time.time())
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def _event(self, choices: list[dict[str, Any]], generated: int, usage: dict[str, Any] | None = None,
+               timings: bool = False) -> bytes:
+        """One chunk; chat's id comes after ``created``, a completion's after its usage."""
+        chunk: dict[str, Any] = {"choices": choices, "created": self.created}
+        if self.chat:
+            chunk["id"] = self.id
+        chunk |= {"model": self.model, "system_fingerprint": LLAMACPP_BUILD, "object": self.obj}
+        if usage is not None:
+            chunk["usage"] = usage
+        if not self.chat:
+            chunk["id"] = self.id
+        if timings:
+            chunk["timings"] = llamacpp_timings(self.job.prompt_tokens, generated)
+        return self.prefix + orjson.dumps(chunk) + b"\n\n"
+
+    def open(self) -> bytes:
+        if not self.chat:
+            return b""
+        return self._event([{"finish_reason": None, "index": 0,
+                             "delta": {"role": "assistant", "content": None}}], 0)
+
+    def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
+        out = []
+        for k, j in enumerate(pieces, start):
+            lp = self.logprobs.llamacpp(k, [j])
+            if self.chat:
+                choice: dict[str, Any] = {"finish_reason": None, "index": 0, "delta": {"content": self.texts[k]}}
+                if lp is not None:
+                    choice["logprobs"] = lp
+            else:
+                choice = {"text": self.texts[k], "index": 0, "logprobs": lp, "finish_reason": None}
+            out.append(self._event([choice], k + 1, timings=self.per_token))
+        return b"".join(out)
+
+    def close(self, generated: int) -> bytes:
+        finish = _openai_finish(self.choice)
+        usage_now = llamacpp_usage(self.job.prompt_tokens, generated)
+        if not self.chat:  # usage and timings on the end's chunk, asked or not
+            return self._event([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish}],
+                               generated, usage_now, timings=True) + self.prefix + b"[DONE]\n\n"
+        end = [{"finish_reason": finish, "index": 0, "delta": {}}]
+        if not self.include_usage:
+            return self._event(end, generated, timings=True) + self.prefix + b"[DONE]\n\n"
+        return (self._event(end, generated) + self._event([], generated, usage_now, timings=True)
+                + self.prefix + b"[DONE]\n\n")
+
+
+def llamacpp_id() -> str:
+    """``chatcmpl-`` and 32 letters and digits, on either route."""
+    return "chatcmpl-" + "".join(_ALNUM[b % 62] for b in os.urandom(32))
+
+
+def llamacpp_usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def llamacpp_timings(prompt: int, predicted: int) -> dict[str, Any]:
+    """llama.cpp's timings, at a simulated 0.5 ms per prompt token and 2 ms per token out."""
+    prompt_ms, predicted_ms = 0.5 * prompt, 2.0 * predicted
+    return {"cache_n": 0, "prompt_n": prompt, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt if prompt else 0.0,
+            "prompt_per_second": 1000.0 * prompt / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+            "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0}
+
+
+def llamacpp_body(chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
+    """A whole llama.cpp answer (one choice: llama.cpp has no ``n``)."""
+    c = job.choices[0]
+    content = "".join(openai_texts(c, trim_stop=True))
+    lp = _Logprobs("llamacpp", job, vocab, job.seed).llamacpp(0, c.pieces)
+    if chat:
+        choice: dict[str, Any] = {"finish_reason": _openai_finish(c), "index": 0,
+                                  "message": {"role": "assistant", "content": content}}
+        if lp is not None:
+            choice["logprobs"] = lp
+    else:
+        choice = {"text": content, "index": 0, "logprobs": lp, "finish_reason": _openai_finish(c)}
+    generated = len(c.pieces)
+    return orjson.dumps({"choices": [choice], "created": int(time.time()), "model": model,
+                         "system_fingerprint": LLAMACPP_BUILD,
+                         "object": "chat.completion" if chat else "text_completion",
+                         "usage": llamacpp_usage(job.prompt_tokens, generated), "id": llamacpp_id(),
+                         "timings": llamacpp_timings(job.prompt_tokens, generated)})
 
 
 def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
     """A whole ``/v1/completions`` or ``/v1/chat/completions`` answer, every choice."""
+    vllm = dialect == "vllm"
     choices = []
     for index, c in enumerate(job.choices):
-        texts = openai_texts(c, trim_stop=not job.extras.include_stop or dialect == "llamacpp")
+        texts = openai_texts(c, trim_stop=not job.extras.include_stop)
         content = "".join(texts)
         logprobs = _Logprobs(dialect, job, vocab, job.seed + index)
         lp = logprobs.of(0, c.pieces, 0, chat)
         stop = _stop_field(dialect, c, vocab)
         if chat:
-            choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": content,
-                                                                  "tool_calls": []},
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            message |= dict.fromkeys(_VLLM_MESSAGE_NULLS) if vllm else {"tool_calls": []}
+            choice: dict[str, Any] = {"index": index, "message": message,
                                       "logprobs": lp, "finish_reason": _openai_finish(c)}
         else:
             if job.extras.echo:
@@ -325,16 +430,33 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) ->
             choice = {"index": index, "text": content, "logprobs": lp, "finish_reason": _openai_finish(c)}
         if stop is not None:
             choice[stop[0]] = stop[1]
-        if job.extras.token_ids:
-            choice["token_ids"] = [vocab.id(j) for j in c.pieces]
-        if job.extras.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = _prompt_logprobs(job, vocab)
-        if job.extras.token_ids or job.extras.prompt_logprobs is not None:
-            choice["prompt_token_ids"] = job.prompt_ids
+        prompt_fields = {}
+        if job.extras.token_ids or vllm:
+            choice["token_ids"] = [vocab.id(j) for j in c.pieces] if job.extras.token_ids else None
+        if job.extras.prompt_logprobs is not None or vllm:
+            prompt_fields["prompt_logprobs"] = (_prompt_logprobs(job, vocab)
+                                                if job.extras.prompt_logprobs is not None else None)
+        if job.extras.token_ids or job.extras.prompt_logprobs is not None or vllm:
+            prompt_fields["prompt_token_ids"] = (job.prompt_ids if job.extras.token_ids or
+                                                 job.extras.prompt_logprobs is not None else None)
+        if not (vllm and chat):  # vLLM chat: the prompt's fields are the answer's, not the choice's
+            choice |= prompt_fields
+        if vllm:
+            choice["routed_experts"] = None
         choices.append(choice)
     rid, obj = (request_id("chatcmpl-"), "chat.completion") if chat else (request_id("cmpl-"), "text_completion")
-    return orjson.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                         "choices": choices, "usage": usage(job.prompt_tokens, job.max_new)})
+    body: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                            "choices": choices}
+    if not vllm:
+        body["usage"] = usage(job.prompt_tokens, job.max_new)
+        return orjson.dumps(body)
+    body |= {"service_tier": None, "system_fingerprint": VLLM_FINGERPRINT,
+             "usage": {**usage(job.prompt_tokens, job.max_new),
+                       "prompt_tokens_details": None, "completion_tokens_details": None}}
+    if chat:
+        body |= {**prompt_fields, "prompt_text": None}
+    body |= {"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+    return orjson.dumps(body)
 
 
 class TGIStream:

@@ -22,6 +22,8 @@ SMOKE = {
     "fairness": ["--seconds", "1", "--out", "{out}"],
     "shadow": ["--seconds", "0.5", "--rounds", "1", "--users", "2", "--out", "{out}"],
     "metrics_cost": ["--duration", "0.5", "--rounds", "1", "--out", "{out}"],
+    "tracing_cost": ["--duration", "0.5", "--rounds", "1", "--out", "{out}"],
+    "tracing_cost --hooks": ["--hooks", "50", "--out", "{out}"],
     "saturation": ["--seconds", "1", "--rounds", "1", "--connections", "8", "--out", "{out}"],
 }
 
@@ -30,7 +32,8 @@ SMOKE = {
 def test_driver_runs_and_writes_its_results(driver: str, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     args = [a.format(out=out, dir=tmp_path) for a in SMOKE[driver]]
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{driver}", *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{driver.split()[0]}", *args],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     written = [out] if out.exists() else sorted(tmp_path.glob("*.json"))

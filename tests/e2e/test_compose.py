@@ -163,3 +163,25 @@ def test_sim_profile_runs_the_same_fleet_simulated() -> None:
         assert service["image"] == gpu["services"]["gateway"]["image"]  # our image, no GPU
         assert "deploy" not in service or not service["deploy"].get("resources")
         assert command[:3] == ["sim", "--dialect", name.split("-")[0]]
+
+
+def test_tracing_profile_sends_the_gateways_spans_through_a_collector_to_jaeger() -> None:
+    stack = normalized("tracing")
+    assert set(stack["services"]) >= {"gateway", "otel-collector", "jaeger"}
+    env = stack["services"]["gateway"]["environment"]
+    assert env["GATEWAY_TRACING__ENABLED"] == "false"  # off unless GATEWAY_TRACING=true
+    endpoint = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    collector = stack["services"]["otel-collector"]
+    [mount] = collector["volumes"]
+    assert mount["read_only"] and collector["command"][1] == mount["target"]
+    config = yaml.safe_load(Path(mount["source"]).read_text())
+    http = config["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert endpoint.hostname == "otel-collector" and endpoint.port == int(http.split(":")[1])
+    exporters = config["service"]["pipelines"]["traces"]["exporters"]
+    assert all(config["exporters"][e]["endpoint"].startswith("jaeger:") for e in exporters)
+    on = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE), "--profile", "tracing",
+                         "config", "--format", "json"], capture_output=True, text=True,
+                        timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/home/user",
+                                         "GATEWAY_TRACING": "true"})
+    assert json.loads(on.stdout)["services"]["gateway"]["environment"][
+        "GATEWAY_TRACING__ENABLED"] == "true"

@@ -5,6 +5,7 @@ engines' headless Service, the config the gateway loads)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -149,3 +150,48 @@ def test_gateway_service_budget_and_autoscaler_point_at_the_gateway() -> None:
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                      "name": "llm-gateway"}
     assert 2 <= hpa["minReplicas"] < hpa["maxReplicas"]
+
+
+TRACING = BASE / "tracing"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_tracing_component_is_valid_and_points_the_gateway_at_its_collector(
+        version: str, tmp_path: Path) -> None:
+    component = yaml.safe_load((TRACING / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    result = validate(*(TRACING / r for r in component["resources"]), version=version)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Applied to the base in an overlay, as the component's comment says.
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": [os.path.relpath(BASE, overlay)],
+         "components": [os.path.relpath(TRACING, overlay)]}))
+    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True,
+                           text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built.stdout)}
+    env = {e["name"]: e["value"] for e in container(docs[("Deployment", "llm-gateway")])["env"]}
+    settings = load_settings(None, **yaml.safe_load(
+        docs[("ConfigMap", "llm-gateway")]["data"]["gateway.yaml"]),
+        tracing={"enabled": env["GATEWAY_TRACING__ENABLED"] == "true"})
+    assert settings.tracing.enabled
+    service = docs[("Service", "otel-collector")]
+    endpoint = re.fullmatch(r"http://([^.]+)\.([^.]+)\.svc\.cluster\.local:(\d+)",
+                            env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert endpoint and endpoint[1] == "otel-collector" and endpoint[2] == service["metadata"][
+        "namespace"] and int(endpoint[3]) == service["spec"]["ports"][0]["port"]
+    collector = yaml.safe_load(docs[("ConfigMap", "otel-collector")]["data"]["config.yaml"])
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(
+        f":{endpoint[3]}")
+    # The collector admits the gateway's pods.
+    policy = docs[("NetworkPolicy", "otel-collector")]
+    assert {"app.kubernetes.io/name": "llm-gateway"} in [
+        p["podSelector"]["matchLabels"] for p in policy["spec"]["ingress"][0]["from"]]
+
+
+def test_checkov_passes_the_tracing_component() -> None:
+    [report] = checkov("-f", str(TRACING / "otel-collector.yaml"), "--framework", "kubernetes")
+    failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
+    assert not failed, failed

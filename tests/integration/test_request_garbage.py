@@ -15,17 +15,22 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.app import create_app
 from gateway.config import load_settings
+from otlp_receiver import OtlpReceiver
 from support import sim, uvicorn_in_thread
 
 
-def test_served_requests_leave_no_garbage_cycles(tmp_path: Path) -> None:
-    with sim("vllm", "m") as replica:
+@pytest.mark.parametrize("observed", [False, True], ids=["plain", "traced-and-logged"])
+def test_served_requests_leave_no_garbage_cycles(tmp_path: Path, observed: bool) -> None:
+    with sim("vllm", "m") as replica, OtlpReceiver() as otlp:
         config = tmp_path / "gateway.yaml"
+        observe = {"tracing": {"enabled": True, "endpoint": otlp.url},
+                   "access_log": {"enabled": True, "path": str(tmp_path / "access.log")}}
         config.write_text(json.dumps({"models": [{"name": "m", "replicas": [
-            {"url": replica, "engine": "vllm"}]}]}))
+            {"url": replica, "engine": "vllm"}]}], **(observe if observed else {})}))
         app = create_app(load_settings(str(config)))
         with uvicorn_in_thread(app, loop="uvloop", http="httptools") as port, \
                 httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:

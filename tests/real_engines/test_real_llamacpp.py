@@ -20,7 +20,8 @@ from text_generation import Client as TGIClient
 
 from engines import Engine, llama_server
 from gateway.tokens import ModelTokenizer
-from support import gateway_server
+from shapes import SHAPE_REQUESTS, same_shapes, shape, uncovered
+from support import gateway_server, sim
 from tee import Tee, tee
 
 ADMIN = {"authorization": "Bearer real"}
@@ -153,3 +154,35 @@ def test_window_is_discovered_and_enforced(gateway: str, engine: Engine) -> None
                                                  "max_tokens": 8})
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.fixture(scope="module")
+def simulated_llamacpp(engine: Engine, tiny_model: Path) -> Iterator[str]:
+    """The llama.cpp simulator with the same name, tokenizer and window (one slot's)."""
+    per_slot = httpx.get(engine.url + "/props").json()["default_generation_settings"]["n_ctx"]
+    with sim("llamacpp", "tiny", per_slot, "--tokenizer", str(tiny_model)) as url:
+        yield url
+
+
+# ... and what the gateway's TGI translation asks of llama.cpp: its count of tokens per chunk
+LLAMACPP_SHAPE_REQUESTS = {**SHAPE_REQUESTS, "completion stream timings_per_token": (
+    "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 6, "stream": True,
+                        "stream_options": {"include_usage": True}, "timings_per_token": True}),
+    "chat stream timings_per_token": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "stream": True,
+        "timings_per_token": True})}
+
+
+@pytest.mark.parametrize("name", list(LLAMACPP_SHAPE_REQUESTS))
+def test_the_simulator_answers_in_the_engines_shapes(engine: Engine, simulated_llamacpp: str,
+                                                     name: str) -> None:
+    assert same_shapes(engine.url, simulated_llamacpp, *LLAMACPP_SHAPE_REQUESTS[name]) == []
+
+
+def test_the_simulator_describes_itself_as_the_engine_does(engine: Engine,
+                                                           simulated_llamacpp: str) -> None:
+    """/v1/models and /props, where the gateway learns the model, window and slots: all the
+    simulator writes there, the engine writes alike (the engine writes much more)."""
+    for path in ("/v1/models", "/props"):
+        real, simulated = (shape(httpx.get(u + path).json()) for u in (engine.url, simulated_llamacpp))
+        assert (path, uncovered(real, simulated)) == (path, [])

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from engines import Engine, vllm
+from engines import Engine, VllmSpec, vllms
 from support import gateway_server
 
 ADMIN = {"authorization": "Bearer real"}
@@ -22,7 +22,7 @@ ADMIN = {"authorization": "Bearer real"}
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: Path) -> Iterator[dict[str, Engine]]:
-    with vllm(tiny_model, dtype="float32") as fp32, vllm(tiny_model, dtype="bfloat16") as bf16:
+    with vllms(tiny_model, VllmSpec(dtype="float32"), VllmSpec(dtype="bfloat16")) as (fp32, bf16):
         yield {"fp32": fp32, "bf16": bf16}
 
 

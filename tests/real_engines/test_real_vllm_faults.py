@@ -12,7 +12,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from engines import Engine, restart, vllm
+from engines import Engine, VllmSpec, restart, vllms
 from support import gateway_server
 
 ADMIN = {"authorization": "Bearer real"}
@@ -74,8 +74,8 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: Path) -> Iterator[list[Engine]]:
-    with vllm(tiny_model) as a, vllm(tiny_model) as b:
-        yield [a, b]
+    with vllms(tiny_model, VllmSpec(), VllmSpec()) as both:
+        yield both
 
 
 def test_sigkill_mid_stream_fails_no_request_that_had_not_started(

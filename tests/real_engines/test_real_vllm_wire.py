@@ -5,6 +5,9 @@ the model's tokenizer and discovers the window (1024) from the engine. Between t
 recording proxy (``tee``), so each answer the client gets is compared byte for byte with what
 the engine sent for that very request; and with what a client asking the engine directly
 gets (the same events, whatever way vLLM groups tokens into chunks under load).
+
+The engine exports its own OTLP traces (``--otlp-traces-endpoint``) to a loopback receiver,
+as the gateway in front of it does: its span must sit under the gateway's attempt span.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ from text_generation import Client as TGIClient
 
 from engines import Engine, vllm
 from gateway.fleet.engine_signals import parse_lora_info
+from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer
-from support import gateway_server
+from shapes import SHAPE_REQUESTS, differences, metric_families, same_shapes, shape
+from support import gateway_server, sim
 from tee import Tee, tee
 from tiny_model import write_lora
 
 ADMIN = {"authorization": "Bearer real"}
+# Spans leave a batch processor this often (the OpenTelemetry SDK's variable).
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +49,23 @@ def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model: Path, adapters: dict[str, Path]) -> Iterator[Engine]:
+def otlp() -> Iterator[OtlpReceiver]:
+    """Where the engine and the traced gateway send their spans (started before the engine:
+    vLLM's exporter is set up when it starts)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, adapters: dict[str, Path], otlp: OtlpReceiver) -> Iterator[Engine]:
     # One engine serves several names (an alias, a LoRA adapter) and stores Responses: the
     # many-names checks share this engine rather than start another (about 40 s each).
-    with vllm(tiny_model, "--enable-lora", "--lora-modules", f"sql={adapters['sql']}",
-              "--max-lora-rank", "8", names=("tiny", "tiny-alias"),
-              env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    # vLLM exports over gRPC unless told otherwise; the receiver speaks OTLP/HTTP.
+    with vllm(tiny_model, "--otlp-traces-endpoint", otlp.url, "--enable-lora",
+              "--lora-modules", f"sql={adapters['sql']}", "--max-lora-rank", "8",
+              names=("tiny", "tiny-alias"),
+              env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", **FAST_EXPORT,
+                   "OTEL_SERVICE_NAME": "vllm-engine", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                    "VLLM_ENABLE_RESPONSES_API_STORE": "1"}) as running:
         yield running
 
@@ -350,6 +368,115 @@ def test_bench_through_the_gateway_and_straight_to_the_engine(
         # weights' end-of-sequence token): what the engine says it generated.
         assert run["output_tokens"] == generated > 0
         assert run["output_tokens_per_s"] > 0
+
+
+# The shape checks' requests, and one only vLLM takes (token ids in the stream)
+VLLM_SHAPE_REQUESTS = {**SHAPE_REQUESTS, "completion stream logprobs+token ids": (
+    "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 6, "stream": True,
+                        "logprobs": 2, "return_token_ids": True}),
+    # 903 prompt tokens: 0.32 answers 200 with max_tokens cut to the 121 left
+    "output past the window": ("/v1/completions", {"prompt": "word " * 450, "max_tokens": 200}),
+    "nothing left for output": ("/v1/completions", {"prompt": [5] * 1024, "max_tokens": 10})}
+
+
+@pytest.fixture(scope="module")
+def simulated_vllm(tiny_model: Path, adapters: dict[str, Path]) -> Iterator[str]:
+    """The vLLM simulator serving the same names (the alias, the adapter), window and
+    tokenizer as the real engine."""
+    with sim("vllm", "tiny", 1024, "--tokenizer", str(tiny_model), "--alias", "tiny-alias",
+             "--lora-modules", f"sql={adapters['sql']}") as url:
+        yield url
+
+
+@pytest.mark.parametrize("name", list(VLLM_SHAPE_REQUESTS))
+def test_the_simulator_answers_in_the_engines_shapes(engine: Engine, simulated_vllm: str,
+                                                     name: str) -> None:
+    assert same_shapes(engine.url, simulated_vllm, *VLLM_SHAPE_REQUESTS[name]) == []
+
+
+def test_the_simulator_lists_its_model_and_metrics_as_the_engine_does(
+        engine: Engine, simulated_vllm: str) -> None:
+    """Its /v1/models in the engine's shape; each vllm: family it exposes, the engine exposes
+    with the same type and at least its labels; and both expose what the gateway reads."""
+    real, simulated = (shape(httpx.get(u + "/v1/models").json()) for u in (engine.url, simulated_vllm))
+    assert differences(real, simulated) == []
+    real_families, sim_families = metric_families(engine.url), metric_families(simulated_vllm)
+    wrong = {name: (real_families.get(name), kind) for name, (kind, labels) in sim_families.items()
+             if name.startswith("vllm:") and not (
+                 name in real_families and real_families[name][0] == kind
+                 and labels <= real_families[name][1])}
+    assert wrong == {}
+    read = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:num_requests_waiting_by_reason", "vllm:cache_config_info",
+            "vllm:time_to_first_token_seconds", "vllm:request_success"}
+    assert read - set(real_families) == set() and read - set(sim_families) == set()
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(engine: Engine, otlp: OtlpReceiver, tiny_model: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tracing gateway whose replicas are taken in turn: a simulated one that always fails
+    (500) and the real engine, so a request that starts on the first is retried on vLLM."""
+    with sim("vllm", "tiny", 1024, "--tokenizer", str(tiny_model), "--error-rate", "1.0",
+             "--profile", "instant") as failing, pytest.MonkeyPatch.context() as env:
+        for name, value in FAST_EXPORT.items():
+            env.setenv(name, value)
+        config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
+            {"url": failing, "engine": "vllm", "name": "failing"},
+            {"url": engine.url, "engine": "vllm", "name": "vllm-real"}]}],
+                  "balancer": "round_robin", "outlier": {"consecutive_failures": 1000},
+                  "health": {"interval": 0.5, "timeout": 10.0},
+                  "tracing": {"enabled": True, "endpoint": otlp.url, "service_name": "gateway"}}
+        with gateway_server(tmp_path_factory.mktemp("traced"), config) as (url, _):
+            yield url
+
+
+def _request_span(spans: list[Span], request_id: str) -> Span | None:
+    return next((s for s in spans if s.attributes.get("llm_gateway.request_id") == request_id),
+                None)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8,
+                         "stream": True}),
+    ("/generate_stream", {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 8}}),
+], ids=["openai", "tgi-translated"])
+def test_the_engines_span_is_under_the_gateways_attempt(traced_gateway: str, otlp: OtlpReceiver,
+                                                        path: str, body: dict[str, Any]) -> None:
+    ids = [f"{path}-{i}" for i in range(2)]  # in turn: one at least starts on the failing one
+    for request_id in ids:
+        with httpx.stream("POST", traced_gateway + path, json=body, timeout=60,
+                          headers={"x-request-id": request_id}) as r:
+            assert r.status_code == 200
+            r.read()
+
+    def retried(spans: list[Span]) -> Span | None:
+        return next((s for s in map(lambda i: _request_span(spans, i), ids)
+                     if s is not None and s.attributes["llm_gateway.retries"] == 1), None)
+
+    def engine_span_of(spans: list[Span], attempt: Span) -> Span | None:
+        return next((s for s in spans if s.service == "vllm-engine"
+                     and s.parent_id == attempt.span_id), None)
+
+    def complete(spans: list[Span]) -> bool:
+        root = retried(spans)
+        if root is None:
+            return False
+        attempts = [s for s in children(spans, root) if s.kind == "client"]
+        return len(attempts) == 2 and any(engine_span_of(spans, a) for a in attempts)
+
+    spans = otlp.wait_for(complete, timeout=30, what="the gateway's and the engine's spans")
+    root = retried(spans)
+    assert root is not None and root.service == "gateway"
+    first, second = sorted((s for s in children(spans, root) if s.kind == "client"),
+                           key=lambda s: s.start)
+    assert first.error and first.attributes["llm_gateway.replica"] == "failing"
+    assert not second.error and second.attributes["llm_gateway.replica"] == "vllm-real"
+    engine_span = engine_span_of(spans, second)
+    assert engine_span is not None and engine_span.trace_id == root.trace_id
+    assert engine_span_of(spans, first) is None  # the failing replica is no vLLM
+    assert second.start <= engine_span.start and engine_span.end <= second.end + 50_000_000
+    assert second.attributes["gen_ai.usage.output_tokens"] == 8
 
 
 def _greedy(base: str, model: str, prompt: str = "The quick brown fox") -> httpx.Response:

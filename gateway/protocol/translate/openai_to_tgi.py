@@ -180,7 +180,7 @@ def completion_body(plan: CompletionPlan, response: Any,
               "finish_reason": _finish(reason)}
     out = {"id": completion_id(), "object": "text_completion", "created": int(time.time()),
            "model": plan.model, "choices": [choice], "usage": usage_of(prompt_tokens, generated)}
-    return orjson.dumps(out), Usage(prompt_tokens, generated)
+    return orjson.dumps(out), Usage(prompt_tokens, generated, _finish(reason))
 
 
 class CompletionStream(TranslatingReader):
@@ -243,7 +243,7 @@ class CompletionStream(TranslatingReader):
             out.append(self._chunk(rest, logprobs, _finish(reason)))
             generated = int(details.get("generated_tokens") or self.token_events + tokens)
             prompt = details.get("input_length", self.prompt_tokens)
-            self.usage = Usage(prompt, generated)
+            self.usage = Usage(prompt, generated, _finish(reason))
             if self.plan.wants_usage:
                 out.append(b"data: " + self.head + b'[],"usage":'
                            + orjson.dumps(usage_of(prompt, generated)) + b"}\n\n")

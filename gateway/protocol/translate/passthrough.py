@@ -41,13 +41,22 @@ def usage_of(payload: Any, api: Api) -> Usage:
         return Usage()
     if api is Api.OPENAI:
         usage = payload.get("usage")
+        choices = payload.get("choices")
+        finish = None
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            finish = _text_or_none(choices[0].get("finish_reason"))
         if isinstance(usage, dict):
-            return Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-        return Usage()
+            return Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), finish)
+        return Usage(finish_reason=finish)
     details = payload.get("details")
     if isinstance(details, dict):
-        return Usage(details.get("input_length"), details.get("generated_tokens"))
+        return Usage(details.get("input_length"), details.get("generated_tokens"),
+                     _text_or_none(details.get("finish_reason")))
     return Usage()
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class PassThrough:
@@ -165,6 +174,10 @@ class EventReader:
                 events -= 1
             if b'"usage"' in out and (b'"usage":{' in out or b'"usage": {' in out):
                 out, events = self._read_usage(out, events)
+            at = out.find(b'"finish_reason":"')
+            if at >= 0:  # the terminal chunk: its reason, read off the bytes
+                at += 17
+                self.usage.finish_reason = out[at:out.find(b'"', at)].decode(errors="replace")
             if b'""' in out or b'{}' in out or b'"content":null' in out:
                 events -= _tokenless_events(out)
         elif b'"generated_text":"' in out or (b'"details"' in out and (
@@ -187,7 +200,8 @@ class EventReader:
         parsed = orjson.loads(out[start + 5:end])
         usage = parsed.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                               self.usage.finish_reason)
         if not parsed.get("choices"):  # the usage-only chunk carries no token
             events -= 1
             if self.strip_usage:

@@ -93,7 +93,8 @@ class TgiStream(TranslatingReader):
     def _read_usage(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            self.usage = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                               self.usage.finish_reason)
 
     def _generated_in(self, chunk: dict[str, Any]) -> int | None:
         """Tokens generated since the last chunk, where the engine counts them (llama.cpp's
@@ -111,7 +112,7 @@ class TgiStream(TranslatingReader):
         if tokens and generated is not None and generated > len(tokens):
             tokens = merged_tokens(generated - len(tokens), self.params.top_n_tokens) + tokens
         if reason is not None:
-            self.finish = finish_reason(choice, self.engine)
+            self.finish = self.usage.finish_reason = finish_reason(choice, self.engine)
             mark_eos(tokens, self.finish == "eos_token", self.texts)
         for token in tokens:
             if self.held is not None:
@@ -180,6 +181,7 @@ def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
     if len(sequences) > 1:  # best_of: the sequence of highest mean logprob, as TGI picks
         sequences.sort(key=lambda s: -mean_logprob([t.logprob for t in s[1]]))
     choice, tokens, reason = sequences[0]
+    counted.finish_reason = reason
     prefix = params.inputs if params.return_full_text else ""
     out: dict[str, Any] = {"generated_text": prefix + (choice.get("text") or "")}
     if params.details or params.decoder_input_details:

@@ -31,3 +31,23 @@ def test_a_subcommand_imports_only_its_own_module() -> None:
     listed = subprocess.run([sys.executable, "-m", "gateway", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60).stdout
     assert all(name in listed for name in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("extra,env,named", [
+    ({"access_log": {"enabled": True, "path": "/nonexistent-dir/access.log"}}, {},
+     "access_log.path"),
+    ({"tracing": {"enabled": True}}, {"OTEL_TRACES_SAMPLER_ARG": "most"},
+     "OTEL_TRACES_SAMPLER_ARG"),
+])
+def test_serve_refuses_what_observability_cannot_use_before_it_starts(
+        tmp_path, extra: dict, env: dict, named: str) -> None:  # noqa: ANN001 - tmp_path
+    import json
+    import os
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"models": [{"name": "m", "replicas": [
+        {"url": "http://127.0.0.1:9", "engine": "vllm"}]}], **extra}))
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(config),
+                           "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr

@@ -72,13 +72,37 @@ def test_models_from_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_settings().models[0].pools[0].replicas[0].url == "http://127.0.0.1:1"
 
 
-def test_the_readme_config_examples_load(tmp_path: Path) -> None:
-    """Every YAML block of the README that starts with `models:` is a config the gateway takes."""
+def test_the_documented_config_examples_load(tmp_path: Path) -> None:
+    """Every YAML block of the README and of docs/ that starts with `models:` is a config the
+    gateway takes."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("models:")]
-    assert len(blocks) >= 2  # "Running it" and "DNS discovery"
-    for block in blocks:
+    def blocks(path: Path) -> list[str]:
+        return [b for b in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S)
+                if b.startswith("models:")]
+
+    readme = blocks(ROOT / "README.md")
+    docs = [b for page in sorted((ROOT / "docs").glob("*.md")) for b in blocks(page)]
+    assert len(readme) >= 1  # the front page's example
+    assert len(docs) >= 2  # "Running it" (docs/index.md) and "DNS discovery" (docs/deploy.md)
+    for block in readme + docs:
         settings = load_settings(write(tmp_path, block))
         assert settings.models
+
+
+def test_tracing_and_access_log_are_off_unless_configured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(write(tmp_path, CONFIG))
+    assert not settings.tracing.enabled and not settings.access_log.enabled
+    path = write(tmp_path, CONFIG + "tracing: {enabled: true, sampling: 0.01}\n"
+                 "access_log: {enabled: true, path: /var/log/gw.jsonl, sampling: 0.5}\n")
+    settings = load_settings(path)
+    assert settings.tracing.sampling == 0.01 and settings.access_log.path == "/var/log/gw.jsonl"
+    monkeypatch.setenv("GATEWAY_TRACING__SERVICE_NAME", "edge")
+    assert load_settings(path).tracing.service_name == "edge"
+    for bad, key in [("tracing: {sampling: 2}", "tracing.sampling"),
+                     ("tracing: {endpoint: x, exporter: y}", "tracing.exporter"),
+                     ("access_log: {sampling: -0.1}", "access_log.sampling"),
+                     ("access_log: {path: ''}", "access_log.path")]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_settings(write(tmp_path, CONFIG + bad + "\n"))

@@ -389,12 +389,12 @@ def _table_after(text: str, marker: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_the_readme_tables_are_the_code_tables() -> None:
-    readme = (ROOT / "README.md").read_text()
-    shown = _table_after(readme, "TGI -> OpenAI engine")
+def test_the_documented_tables_are_the_code_tables() -> None:
+    page = (ROOT / "docs" / "translation.md").read_text()
+    shown = _table_after(page, "TGI -> OpenAI engine")
     assert shown == {name: ["—" if v is None else v for v in (fields[e] for e in OPENAI_ENGINES)]
                      for name, fields in TGI_TO_OPENAI.items()}
-    shown = _table_after(readme, "OpenAI completions -> TGI < 1.4.4")
+    shown = _table_after(page, "OpenAI completions -> TGI < 1.4.4")
     assert shown == {name: ["—" if v is None else v] for name, v in openai_to_tgi.OPENAI_TO_TGI.items()}
 
 
