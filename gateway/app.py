@@ -16,11 +16,13 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from gateway import observe
 from gateway.access.control import AccessControl
-from gateway.api import admin, admin_keys, ops, openai_models, tgi_info
+from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses, tgi_info,
+                         unknown_route)
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -40,6 +42,7 @@ from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
+from gateway.dataplane.response_homes import Homes, ResponseHomes
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
@@ -48,9 +51,12 @@ from gateway.fleet.health import HealthChecker
 from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
 from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.replica import Replica
+from gateway.fleet.served_names import NameRefresher
 from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
+from gateway.protocol import pooling, responses
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api
 from gateway.shared.redis_keys import SharedKeys
@@ -77,9 +83,21 @@ class Gateway:
         split = PoolSplit(settings.canary.allow_pool_header)
         scheduling = settings.scheduling
         outputs = OutputEstimate() if scheduling.learn_output_lengths else None
-        self.admitter = Admitter(self.models, settings.default_model, split)
+        # LoRA adapters loaded at run time (load_adapters), on the least-loaded replica.
+        self.adapters = AdapterLoader(lambda: self.probe_session,
+                                      lambda name: self.ledger.load(name).outstanding_tokens,
+                                      settings.timeouts.first_token)
+        # Where stored Responses live (shared through Redis with redis_url).
+        self.response_homes = ResponseHomes(
+            settings.responses.remembered, settings.responses.ttl,
+            self.shared.redis if self.shared else None, SharedKeys(settings.redis_key_prefix),
+            settings.redis_timeout)
+        self.admitter = Admitter(self.models, settings.default_model, split, self.adapters,
+                                 self.response_homes)
         self.placer = Placer(make_policy(settings.balancer, scheduling), self.ledger,
-                             settings.backpressure, split=split, outputs=outputs)
+                             settings.backpressure, split=split, outputs=outputs,
+                             signals_max_age=scheduling.signals_interval
+                             * scheduling.signals_max_age)
         self.metrics = make_metrics(settings.metrics)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(self.metrics.registry)
@@ -117,7 +135,8 @@ class Gateway:
         self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
                                   listeners.OutlierRecord(self.outlier),
                                   listeners.CanarySamples(self.samples),
-                                  listeners.OutputLengths(), *self.observers])
+                                  listeners.OutputLengths(), Homes(self.response_homes),
+                                  *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
         self.draining = False
@@ -144,6 +163,11 @@ class Gateway:
                                for r in self.replicas))
         await self.health.probe_all()
         self._tasks.append(asyncio.create_task(self.health.run(), name="health-checks"))
+        # The names each engine serves (aliases, adapters loaded at run time), read again.
+        self.names = NameRefresher(lambda: self.replicas, self.probe_session,
+                                   self.settings.health.names_interval,
+                                   self.settings.health.timeout)
+        self._tasks.append(asyncio.create_task(self.names.run(), name="served-names"))
         # `dns:` replica entries: one replica per resolved address, kept up to date.
         self.dns = DnsDiscovery.from_settings(self.settings, self.fleet,
                                               lambda name: self.ledger.own_load(name).in_flight)
@@ -245,6 +269,7 @@ def create_app(settings: Settings) -> GatewayApp:
     app = FastAPI(title="llm-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
     generation = [
         ("/v1/completions", Api.OPENAI, openai_protocol.parse_completion),
         ("/v1/chat/completions", Api.OPENAI, openai_protocol.parse_chat),
@@ -252,12 +277,16 @@ def create_app(settings: Settings) -> GatewayApp:
         ("/generate_stream", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
         ("/", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
     ]
+    generation.append((responses.PATH, Api.OPENAI, responses.parse_responses))
+    # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
+    generation += [(path, Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()]
     endpoints = {path: GenerationEndpoint(gateway, api, path, parse)
                  for path, api, parse in generation}
     for path, endpoint in endpoints.items():  # for FastAPI's 405 on other methods
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))
     app.include_router(openai_models.router)
     app.include_router(tgi_info.router)
+    app.include_router(stored_responses.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(admin_keys.router)

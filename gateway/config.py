@@ -79,6 +79,18 @@ class PoolConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list, description="more names the model's "
+                               "engines serve it under (vLLM `--served-model-name a b`): "
+                               "routed to every replica of the entry, forwarded as sent")
+    discover_names: bool = Field(True, description="also route every name a replica lists on "
+                                 "its /v1/models (aliases, LoRA adapters with `parent`) to the "
+                                 "replicas that list it; false = only the configured names")
+    load_adapters: dict[str, str] = Field(default_factory=dict, description="LoRA adapters "
+                                          "loaded at run time when no replica serves one yet: "
+                                          "name -> path on the engines' disk; loaded on the "
+                                          "least-loaded vLLM replica (POST "
+                                          "/v1/load_lora_adapter; the engine needs "
+                                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); empty = never")
     tokenizer: str | None = None
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
@@ -124,6 +136,9 @@ class HealthConfig(_Strict):
     timeout: float = Field(2.0, gt=0)
     unhealthy_after: int = Field(2, ge=1, description="consecutive failed probes")
     healthy_after: int = Field(1, ge=1, description="consecutive passed probes")
+    names_interval: float = Field(10.0, gt=0, description="seconds between reads of each "
+                                  "OpenAI-dialect replica's /v1/models: the names it serves "
+                                  "(adapters loaded at run time, engines restarted)")
 
 
 class OutlierConfig(_Strict):
@@ -268,6 +283,16 @@ class CanaryConfig(_Strict):
     check_every: float = Field(60.0, gt=0, description="seconds between the guard's verdicts "
                                "(exported as llm_gateway_canary_verdict; rollbacks only with "
                                "auto_rollback)")
+
+
+class ResponsesConfig(_Strict):
+    """The Responses API: where each stored response lives (gateway/dataplane/
+    response_homes.py)."""
+
+    remembered: int = Field(100_000, ge=1, description="stored responses whose replica this "
+                            "instance remembers in process (oldest forgotten first)")
+    ttl: float = Field(86400.0, gt=0, description="with redis_url: seconds the shared record "
+                       "of a response's replica lives")
 
 
 def parse_nameserver(text: str) -> tuple[str, int]:
@@ -419,6 +444,7 @@ class Settings(BaseSettings):
     auth: AuthConfig | None = Field(None, description="API keys and per-key limits; unset = "
                                     "open, as without keys")
     canary: CanaryConfig = CanaryConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     tracing: TracingConfig = TracingConfig()
     access_log: AccessLogConfig = AccessLogConfig()
 
@@ -427,6 +453,11 @@ class Settings(BaseSettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
+        every = [n for m in self.models for n in (m.name, *m.aliases, *m.load_adapters)]
+        twice = sorted({n for n in every if every.count(n) > 1})
+        if twice:
+            raise ValueError(f"model names and aliases must be unique across models: {twice} "
+                             "given twice")
         if self.default_model is not None and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not one of {names}")
         if self.balancer not in POLICIES:

@@ -56,7 +56,11 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
                     0.05, 0.1, 0.25, 0.5, 1.0)
 
 # role: "primary", or "shadow" for a canary's copy of a request (gateway/canary/shadow.py).
-REPLICA_LABELS = ("model", "pool", "replica", "engine", "api", "role")
+# model: the name the client asked for (an alias or a LoRA adapter included: only configured
+# or engine-listed names, never free client input); base: the model entry of the replica it
+# ran on (one engine serves many names); route: the gateway route it came in on (a fixed
+# set: /v1/completions, /v1/embeddings, /generate ...).
+REPLICA_LABELS = ("model", "pool", "replica", "engine", "api", "role", "base", "route")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 # Started at 0 (with the label values from configuration); see the module docstring.
@@ -235,7 +239,7 @@ class GatewayMetrics:
                                         "Time an API key's requests waited in the gateway's "
                                         "queue for a free replica slot.", ("key", "model"),
                                         buckets=LATENCY_BUCKETS, registry=r)
-        self._bound: dict[tuple[str, Api, str], RequestMetrics] = {}
+        self._bound: dict[tuple[str, Api, str, str, str], RequestMetrics] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
         self._replicas: Callable[[], Iterable[Replica]] = lambda: ()
@@ -247,11 +251,16 @@ class GatewayMetrics:
         else:
             self._exposed = self.registry
 
-    def for_replica(self, replica: Replica, api: Api, role: str = "primary") -> RequestMetrics:
-        bound = self._bound.get((replica.name, api, role))
+    def for_replica(self, replica: Replica, api: Api, role: str = "primary",
+                    name: str = "", route: str = "") -> RequestMetrics:
+        """``name``: the model name the request asked for (default: the replica's base);
+        ``route``: the route it came in on."""
+        key = (replica.name, api, role, name, route)
+        bound = self._bound.get(key)
         if bound is None:
-            labels = (replica.model, replica.pool, replica.name, replica.engine, api.value, role)
-            bound = self._bound[(replica.name, api, role)] = RequestMetrics(
+            labels = (name or replica.model, replica.pool, replica.name, replica.engine,
+                      api.value, role, replica.model, route)
+            bound = self._bound[key] = RequestMetrics(
                 ttft=self.ttft.labels(*labels), itl=self.itl.labels(*labels),
                 e2e=self.e2e.labels(*labels),
                 tokens_per_second=self.tokens_per_second.labels(*labels),
@@ -394,7 +403,8 @@ class NullMetrics:
         self._null = RequestMetrics(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
                                     {c: _NULL for c in STATUS_CLASSES})
 
-    def for_replica(self, replica: Replica, api: Api, role: str = "primary") -> RequestMetrics:
+    def for_replica(self, replica: Replica, api: Api, role: str = "primary",
+                    name: str = "", route: str = "") -> RequestMetrics:
         return self._null
 
     def exposition(self) -> bytes:

@@ -162,6 +162,9 @@ class GenerationEndpoint:
             body = await read_body(receive, gateway.settings.client_body_timeout)
             request = record.request = self.parse(body)
             request.session, request.pool = headers.session, headers.pool
+            preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
+            if preparing is not None:                      # Response's replica
+                await preparing
             model, admission = gateway.admitter.admit(request)
             record.model = model.name
             # The key's allowlist and limits; the grant is settled below, however it ends.
@@ -183,13 +186,13 @@ class GenerationEndpoint:
                     reply = await gateway.attempts.serve(request, model, admission, record)
                 except GatewayError as error:
                     if error.reason in _GATEWAY_REASONS:
-                        gateway.metrics.reject(model.name, self.api, error.reason)
+                        gateway.metrics.reject(model.name, request.api, error.reason)
                         if request.caller is not None:
                             gateway.metrics.key_rejected(request.caller.name, model.name,
                                                          error.reason)
                         record.error = error.reason
-                    record.status = error.status_for(self.api)
-                    await send_error(send, error, self.api, request_id, grant.headers)
+                    record.status = error.status_for(request.api)
+                    await send_error(send, error, request.api, request_id, grant.headers)
                     return
                 record.status = reply.status
                 headers_out = reply.headers + grant.headers if grant.headers else reply.headers
@@ -217,22 +220,25 @@ class GenerationEndpoint:
 
     async def _reject(self, send: Send, error: GatewayError, record: RequestRecord) -> None:
         request = record.request
-        model_label = self._model_label(request.model if request else None)
+        # The client's protocol: the route's, unless its body said otherwise (/tokenize).
+        api = request.api if request is not None else error.api or self.api
+        model_label = self._model_label(request.model if request else None, api)
         metrics = self.gateway.metrics
-        metrics.reject(model_label, self.api, error.reason)
+        metrics.reject(model_label, api, error.reason)
         if record.key is not None:
             metrics.key_rejected(record.key, model_label, error.reason)
         elif error.reason == "unauthorized":
             metrics.key_rejected("", model_label, error.reason)
-        record.status, record.error = error.status_for(self.api), error.reason
-        await send_error(send, error, self.api, record.request_id)
-    def _model_label(self, name: str | None) -> str:
-        """Only configured names become label values (client input never does)."""
-        models = self.gateway.admitter.models
-        if name in models:
-            return name  # type: ignore[return-value]
+        record.status, record.error = error.status_for(api), error.reason
+        await send_error(send, error, api, record.request_id)
+
+    def _model_label(self, name: str | None, api: Api) -> str:
+        """Only served names (configured, or listed by an engine) become label values
+        (client input never does)."""
+        if name is not None and self.gateway.admitter.names.resolve(name) is not None:
+            return name
         default = self.gateway.admitter.default_model
-        return default if default is not None and (name is None or self.api is Api.TGI) else "unknown"
+        return default if default is not None and (name is None or api is Api.TGI) else "unknown"
 
 
 # Errors the gateway answers itself after admission (counted as rejections); the engines'

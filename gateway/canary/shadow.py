@@ -30,6 +30,7 @@ from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
 from gateway.protocol.errors import GatewayError, Overloaded
 from gateway.protocol.request import GenerationRequest
+from gateway.protocol.responses import PATH as RESPONSES
 
 if TYPE_CHECKING:
     from gateway.dataplane.admission import Admitter
@@ -72,7 +73,10 @@ class Shadows:
         """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
         sample draws it). Returns the collector of the primary's text, to be fed and ended
         with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
-        if request.shadow or model.name not in self.models:
+        if (request.shadow or request.pooling or request.path == RESPONSES
+                or model.name not in self.models):
+            # Pooling answers are vectors and scores: no text to agree on. A Response is
+            # stored where it ran (a copy would store another conversation elsewhere).
             return None
         primary: TextCollector | None = None
         for target in shadow_pools(model, pool):

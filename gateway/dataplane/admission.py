@@ -16,15 +16,19 @@ context 400 reaches the client in the client's shape with ``code: context_length
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable
 
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.canary.split import PoolSplit
+from gateway.dataplane.response_homes import ResponseHomes
+from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.served_names import ServedNames
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
+from gateway.protocol.responses import ResponseNotFound
 from gateway.protocol.translate import servable
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
@@ -36,6 +40,8 @@ class Admission:
     cost: RequestCost
     replicas: list[Replica]  # the candidates whose window holds the request
     prompt_tokens_exact: bool
+    name: str = ""  # the model name served (the client's, or the default model's)
+    adapter: str | None = None  # ``name`` when it is a LoRA adapter (a replica lists a parent)
 
 
 @dataclass(slots=True)
@@ -145,7 +151,8 @@ def admit(model: ServedModel, request: GenerationRequest,
     prompts = _prompts(request, tokenizer)
     max_tokens = request.max_tokens
     fanout = request.choices * len(prompts)
-    output_tokens = (max_tokens or model.default_output_tokens) * fanout
+    # A pooling request (max_tokens 0) costs its input alone.
+    output_tokens = (max_tokens if max_tokens is not None else model.default_output_tokens) * fanout
     affinity = _affinity(request, prompts)
 
     if tokenizer is None:
@@ -166,7 +173,7 @@ def admit(model: ServedModel, request: GenerationRequest,
     counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
-    if not fitting and model.cap_output and max_tokens is not None:
+    if not fitting and model.cap_output and max_tokens:
         fitting, max_tokens = _capped(model, request, candidates, longest)
         output_tokens = max_tokens * fanout
     if not fitting:
@@ -180,27 +187,69 @@ class Admitter:
     """Model name -> the model, and the replicas of it that can take a request."""
 
     def __init__(self, models: dict[str, ServedModel], default_model: str | None,
-                 split: PoolSplit) -> None:
+                 split: PoolSplit, adapters: AdapterLoader | None = None,
+                 homes: ResponseHomes | None = None) -> None:
         self.models = models
+        self.names = ServedNames(models)  # aliases and adapters too
         self.default_model = default_model or (next(iter(models)) if len(models) == 1 else None)
         self.split = split
+        self.adapters = adapters  # LoRA adapters loaded at run time (load_adapters)
+        self.loadable = frozenset(n for m in models.values() for n in m.load_adapters)
+        self.homes = homes  # where stored Responses live
+
+    def prepare(self, request: GenerationRequest) -> Awaitable[None] | None:
+        """What admission must know first and may have to wait for, to be awaited before
+        ``admit``: an adapter to load at run time, or the replica that stored the Response
+        the request continues. None (nothing to wait for) for every other request."""
+        if request.previous_response_id is None and request.model not in self.loadable:
+            return None
+        return self._prepare(request)
+
+    async def _prepare(self, request: GenerationRequest) -> None:
+        if self.adapters is not None and request.model in self.loadable:
+            await self.adapters.ensure(*self.resolve(request.model, request.api))
+        previous = request.previous_response_id
+        if previous is not None:  # pinned where it lives (raises when that is unknown)
+            home = await self.homes.home(previous) if self.homes is not None else None
+            if home is None:
+                raise ResponseNotFound(previous)
+            request.pinned = home
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
-        """The named model; TGI requests (no name) and nameless OpenAI ones get the default."""
-        if name is None or (api is Api.TGI and name not in self.models):
-            name = self.default_model
-            if name is None:
-                raise ModelNotFound("(none given; several models are served, name one)")
-        model = self.models.get(name)
-        if model is None:
-            raise ModelNotFound(name)
-        return model
+        """The model serving ``name`` (see ``resolve``)."""
+        return self.resolve(name, api)[0]
+
+    def resolve(self, name: str | None, api: Api) -> tuple[ServedModel, str]:
+        """The model serving ``name`` (an entry's name, an alias or an adapter) and the name
+        served. Requests without a name (TGI's, nameless OpenAI ones) get the default model;
+        so does a TGI ``adapter_id`` no replica lists (a TGI engine judges it itself)."""
+        if name is not None:
+            model = self.names.resolve(name)
+            if model is not None:
+                return model, name
+            if api is not Api.TGI:
+                raise ModelNotFound(name)
+        default = self.default_model
+        if default is None:
+            raise ModelNotFound("(none given; several models are served, name one)")
+        return self.models[default], default
 
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         """The request's model, cost and the replicas whose window it fits (else raise)."""
-        model = self.model_for(request.model, request.api)
+        model, name = self.resolve(request.model, request.api)
+        # Only the replicas serving the name (an adapter lives on some replicas only).
+        serving = model.replicas_for(name)
+        if not serving:
+            raise ModelNotFound(name)  # an adapter no replica serves (any longer)
+        if request.pinned is not None:  # a stored Response's replica, or nothing
+            serving = [r for r in serving if r.name == request.pinned]
+            if not serving:
+                raise ResponseNotFound(request.previous_response_id or "")
         # Natively or translated; a replica that cannot honour every parameter is left out.
-        speakers = servable(request, model.replicas, model.tokenizer is not None)
+        speakers = servable(request, serving, model.tokenizer is not None)
         # The pool: forced by the client, else any that takes primary traffic (canary split).
         speakers = self.split.candidates(model, request, speakers)
-        return model, admit(model, request, speakers)
+        admission = admit(model, request, speakers)
+        admission.name, admission.adapter = name, (
+            name if self.names.parent(name, model) is not None else None)
+        return model, admission

@@ -16,12 +16,14 @@ class RequestMetrics(Listener):
         self.metrics = metrics
 
     def first_token(self, attempt: Attempt) -> None:
-        meter = self.metrics.for_replica(attempt.replica, attempt.request.api, attempt.role)
+        meter = self.metrics.for_replica(attempt.replica, attempt.request.api, attempt.role,
+                                         attempt.placement.name, attempt.request.path)
         meter.ttft.observe(attempt.first_at - attempt.arrival)  # type: ignore[operator]
 
     def ended(self, attempt: Attempt) -> None:
         metrics = self.metrics
-        meter = metrics.for_replica(attempt.replica, attempt.request.api, attempt.role)
+        meter = metrics.for_replica(attempt.replica, attempt.request.api, attempt.role,
+                                    attempt.placement.name, attempt.request.path)
         if attempt.sent_at:
             meter.overhead.observe(attempt.sent_at - attempt.arrival)
         meter.requests[status_class(attempt.status)].inc()

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Collection
 
+from gateway.balance.adapter_affinity import prefer_adapter
 from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -33,6 +34,7 @@ class Placement:
     queued_for: float = 0.0  # seconds spent waiting for a free slot
     asked: int = 0  # output tokens the request may generate (max_tokens x choices)
     outputs: OutputEstimate | None = None
+    name: str = ""  # the model name served (an alias, an adapter, or the model's own)
 
     def served(self, generated: int | None) -> None:
         """The replica completed the request: teach the estimate how much of its ask it
@@ -50,8 +52,9 @@ class Placer:
     def __init__(self, policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
                  rng: random.Random | None = None, split: PoolSplit | None = None,
-                 outputs: OutputEstimate | None = None) -> None:
+                 outputs: OutputEstimate | None = None, signals_max_age: float = 3.0) -> None:
         self.outputs = outputs  # expected output lengths; None = reserve the whole ask
+        self.signals_max_age = signals_max_age  # engine signals older than this are ignored
         self.policy = policy
         self.ledger = ledger
         self.backpressure = backpressure
@@ -133,12 +136,15 @@ class Placer:
         pool = self.split.pick(model.pools, free, key)
         assert pool is not None  # ``free`` is not empty
         candidates = [r for r in pool.replicas if id(r) in free]
+        # A LoRA adapter: where the engine has it loaded, or a free adapter slot, first.
+        candidates = prefer_adapter(candidates, admission.adapter, self.signals_max_age)
         replica = self.policy.select(candidates, admission.cost, self.ledger)
         asked = admission.cost.output_tokens
         expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)
         lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens, expected, asked)
         lease.on_close = lambda: self._wake_one(model.name)
-        return Placement(model, replica, lease, asked=asked, outputs=self.outputs)
+        return Placement(model, replica, lease, asked=asked, outputs=self.outputs,
+                         name=admission.name or model.name)
 
     def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""

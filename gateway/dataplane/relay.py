@@ -59,7 +59,7 @@ class Relay:
         content = b""
         failure: str | None = None  # the kind, when the replica failed the attempt
         try:
-            translation = plan(request, replica.engine, replica.version, replica.model,
+            translation = plan(request, replica.engine, replica.version, placement.name,
                                placement.model.tokenizer, placement.model.window(replica))
             path, body = translation.path, translation.body
             # Bodies pass through undecoded: ask for them uncompressed (the client may not

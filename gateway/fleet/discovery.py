@@ -17,12 +17,10 @@ from typing import Any
 import aiohttp
 
 from gateway.fleet.replica import Replica
+from gateway.fleet.served_names import (LISTING_ENGINES, positive_int as _int, read_cards,
+                                        read_served_names)
 
 log = logging.getLogger(__name__)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and value > 0 else None
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) -> Any:
@@ -32,7 +30,12 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout: float) ->
 
 async def discover_window(session: aiohttp.ClientSession, replica: Replica,
                           timeout: float) -> bool:
-    """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards."""
+    """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards.
+    Engines that list their names (vLLM, SGLang) are read every time: the names they serve
+    (aliases, adapters) come from the same answer."""
+    if replica.engine in LISTING_ENGINES:
+        await read_served_names(session, replica, timeout)
+        return replica.max_model_len is not None
     limit_unknown = replica.engine in ("tgi", "llamacpp") and replica.max_concurrent_requests is None
     if replica.max_model_len is not None and not limit_unknown:
         return True
@@ -52,10 +55,7 @@ async def discover_window(session: aiohttp.ClientSession, replica: Replica,
             # One request per slot; more wait inside the engine, out of the balancer's sight.
             replica.max_concurrent_requests = _int(props.get("total_slots"))
         else:
-            cards = await _get_json(session, f"{replica.url}/v1/models", timeout)
-            data = cards.get("data") or []
-            card = next((c for c in data if c.get("id") == replica.model), data[0] if data else {})
-            replica.max_model_len = _int(card.get("max_model_len"))
+            read_cards(replica, await _get_json(session, f"{replica.url}/v1/models", timeout))
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
         log.info("could not discover the context window of %s yet: %s", replica.name, exc)
     return replica.max_model_len is not None

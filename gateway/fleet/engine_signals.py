@@ -15,6 +15,10 @@ Metric names per engine (``reference/ENGINE-WIRE.md``), as (running, waiting, KV
 - tgi: ``tgi_batch_current_size``, ``tgi_queue_size``,
   ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``;
 - llamacpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred`` (no KV gauge).
+
+vLLM with LoRA also reports ``vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}`` (comma-joined adapter names; the value is when it was set, and
+older label sets linger: the newest counts), read for adapter-aware placement.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from typing import Callable, Sequence
 
@@ -70,6 +75,39 @@ def _samples(text: str, wanted: set[str]) -> dict[str, list[float]]:
     return out
 
 
+LORA_INFO = "vllm:lora_requests_info"
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+def parse_lora_info(text: str) -> tuple[frozenset[str], frozenset[str], int | None] | None:
+    """(running adapters, waiting adapters, max_lora) of the newest ``vllm:lora_requests_info``
+    sample, or None when there is none."""
+    newest: tuple[float, dict[str, str]] | None = None
+    at = text.find(LORA_INFO + "{")
+    while at != -1:
+        end = text.find("\n", at)
+        line = text[at:end if end != -1 else len(text)]
+        close = line.rfind("}")
+        try:
+            value = float(line[close + 1:].split()[0])
+        except (ValueError, IndexError):
+            value = math.nan
+        if close != -1 and math.isfinite(value) and (newest is None or value >= newest[0]):
+            newest = value, dict(_LABEL.findall(line[len(LORA_INFO) + 1:close]))
+        at = text.find(LORA_INFO + "{", at + 1)
+    if newest is None:
+        return None
+    labels = newest[1]
+    max_lora = labels.get("max_lora", "")
+    return (_names(labels.get("running_lora_adapters", "")),
+            _names(labels.get("waiting_lora_adapters", "")),
+            int(max_lora) if max_lora.isdigit() else None)
+
+
 def parse_signals(engine: str, text: str, scraped_at: float = 0.0,
                   ledger_in_flight: int = 0) -> EngineSignals:
     """The signals in one engine's /metrics text; fields it does not expose stay None.
@@ -90,7 +128,10 @@ def parse_signals(engine: str, text: str, scraped_at: float = 0.0,
     if kv_usage is not None and kv_total_name is not None:
         total = max(values.get(kv_total_name, [0.0]))
         kv_usage = kv_usage / total if total > 0 else None
+    lora = parse_lora_info(text) if engine == "vllm" and LORA_INFO in text else None
     return EngineSignals(
+        lora_running=lora[0] if lora else None, lora_waiting=lora[1] if lora else None,
+        max_lora=lora[2] if lora else None,
         running=int(sum(running)) if running is not None else None,
         waiting=int(sum(waiting)) if waiting is not None else None,
         kv_usage=min(1.0, max(0.0, kv_usage)) if kv_usage is not None else None,

@@ -14,7 +14,8 @@ from gateway.fleet.replica import Replica
 class Fleet:
     def __init__(self, models: dict[str, ServedModel]) -> None:
         self.models = models
-        self.replicas = [r for m in models.values() for r in m.replicas]
+        # Each engine once, whichever model entries list it (one Replica object).
+        self.replicas = list({id(r): r for m in models.values() for r in m.replicas}.values())
         # Asks a new replica's engine for its window and health (set once probing can run).
         self.probe: Callable[[Replica], Awaitable[bool]] | None = None
         self.on_leave: list[Callable[[Replica], None]] = []
@@ -46,9 +47,10 @@ class Fleet:
         """Take a replica out of rotation; its in-flight requests finish where they are."""
         replica = self.replica(name)
         replica.draining = True
-        for pool in self.models[replica.model].pools:
-            if replica in pool.replicas:
-                pool.replicas.remove(replica)
+        for model in self.models.values():  # every entry that lists it
+            for pool in model.pools:
+                if replica in pool.replicas:
+                    pool.replicas.remove(replica)
         self.replicas.remove(replica)
         for forget in self.on_leave:
             forget(replica)

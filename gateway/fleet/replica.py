@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The engines a replica can run; what each speaks is gateway.protocol.translate's business.
 ENGINES = ("vllm", "tgi", "sglang", "llamacpp", "openai")
@@ -18,6 +18,11 @@ class EngineSignals:
     kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
     scraped_at: float = 0.0
     ledger_in_flight: int = 0     # the ledger's in-flight count for the replica at that moment
+    # vLLM with LoRA (vllm:lora_requests_info): adapters with requests running and waiting,
+    # and how many adapters one batch may hold (--max-loras). None: not reported.
+    lora_running: frozenset[str] | None = None
+    lora_waiting: frozenset[str] | None = None
+    max_lora: int | None = None
 
     @property
     def requests(self) -> int | None:
@@ -36,12 +41,15 @@ class EngineSignals:
 
 @dataclass(eq=False)
 class Replica:
-    """A replica's identity and what is known about it; load lives in the ledger."""
+    """A replica's identity and what is known about it; load lives in the ledger.
+
+    One engine process is one Replica whatever names it serves (model entries that list it,
+    aliases, LoRA adapters): one ledger entry, one in-flight count, one outlier record."""
 
     name: str  # unique key (ledger, metrics label, response header)
     url: str
     engine: str
-    model: str
+    model: str  # the model entry it was first listed under: its base, in metrics
     pool: str
     max_model_len: int | None = None  # configured, else discovered from the engine
     max_input_tokens: int | None = None  # TGI's separate prompt limit, when it reports one
@@ -51,6 +59,9 @@ class Replica:
     max_concurrent_requests: int | None = None  # the engine's own in-flight limit, if it reports one
     signals: EngineSignals | None = None  # latest scrape of the engine's own load (engine_signals.py)
     version: str | None = None  # the engine's version where it reports one (TGI /info): what it serves
+    # Names the engine lists on /v1/models -> their `parent` (a LoRA adapter's base model;
+    # None for a base name or an alias). Empty until discovered (gateway/fleet/served_names).
+    served_names: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")

@@ -29,6 +29,7 @@ class GatewayError(Exception):
     code: str | None = None
     reason: str = "internal"  # fixed label value for the rejection/error metrics
     retry_kind: str | None = None  # set when another replica may be tried (nothing was sent)
+    api: "Api | None" = None  # the client's protocol, where its body told it (TGI's /tokenize)
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -91,6 +92,11 @@ class ContextLengthExceeded(GatewayError):
             message = (f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= "
                        f"{limit}. Given: {prompt_tokens} `inputs` tokens and {max_tokens or 0} "
                        f"`max_new_tokens`")
+        elif max_tokens == 0:  # embeddings, score ...: the input alone
+            part = "input"
+            message = (f"This model's maximum context length is {limit} tokens. However, your "
+                       f"input resulted in {prompt_tokens} tokens. Please reduce the length "
+                       f"of the input.")
         elif max_tokens is None:
             message = (f"This model's maximum context length is {limit} tokens. However, your "
                        f"{part} resulted in {prompt_tokens} tokens. Please reduce the length "

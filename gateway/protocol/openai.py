@@ -20,7 +20,7 @@ def _stream_fields(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, wants_usage
 
 
-def _check_prompt(prompt: Any) -> None:
+def check_prompt(prompt: Any, name: str = "prompt") -> None:
     if isinstance(prompt, str):
         return
     if isinstance(prompt, list) and prompt:
@@ -31,11 +31,11 @@ def _check_prompt(prompt: Any) -> None:
         if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
                                                  for t in p) for p in prompt):
             return
-    raise InvalidRequest("`prompt` must be a string, an array of strings, an array of token ids "
-                         "or an array of arrays of token ids (non-empty)", param="prompt")
+    raise InvalidRequest(f"`{name}` must be a string, an array of strings, an array of token ids "
+                         "or an array of arrays of token ids (non-empty)", param=name)
 
 
-def _check_messages(messages: list[Any]) -> None:
+def check_messages(messages: list[Any]) -> None:
     if not messages:
         raise InvalidRequest("`messages` must not be empty", param="messages")
     for i, message in enumerate(messages):
@@ -62,7 +62,7 @@ def parse_completion(raw: bytes) -> GenerationRequest:
     body = parse_json_object(raw, Api.OPENAI)
     if "prompt" not in body:
         raise InvalidRequest("`prompt` is required", param="prompt")
-    _check_prompt(body["prompt"])
+    check_prompt(body["prompt"])
     return _common(body, raw, "/v1/completions", field(body, "max_tokens", int, minimum=1),
                    prompt=body["prompt"])
 
@@ -70,7 +70,7 @@ def parse_completion(raw: bytes) -> GenerationRequest:
 def parse_chat(raw: bytes) -> GenerationRequest:
     body = parse_json_object(raw, Api.OPENAI)
     messages = field(body, "messages", list, required=True)
-    _check_messages(messages)
+    check_messages(messages)
     # vLLM: max_completion_tokens wins over the deprecated max_tokens.
     max_tokens = (field(body, "max_completion_tokens", int, minimum=1)
                   or field(body, "max_tokens", int, minimum=1))

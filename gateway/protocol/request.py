@@ -43,6 +43,9 @@ class GenerationRequest:
     caller: Caller | None = None  # the API key that sent it (None: keys are off)
     pool: str | None = None  # a pool forced by the client (header x-gateway-pool), for testers
     shadow: bool = False  # a canary shadow copy: its answer goes nowhere, its failures count nowhere
+    pooling: bool = False  # generates nothing (embeddings, score, tokenize ...): no output cost
+    previous_response_id: str | None = None  # Responses API: continues a stored response
+    pinned: str | None = None  # the one replica that may serve it (where that response lives)
 
     @property
     def is_chat(self) -> bool:

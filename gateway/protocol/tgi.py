@@ -24,7 +24,9 @@ def parse_generate(raw: bytes, stream: bool | None) -> GenerationRequest:
     else:
         path = "/generate_stream" if stream else "/generate"
     best_of = field(parameters, "best_of", int, where="parameters.")
+    # A LoRA adapter: on vLLM it is a model name of its own (routed to where it is served).
+    adapter_id = field(parameters, "adapter_id", str, where="parameters.") or None
     return GenerationRequest(api=Api.TGI, path=path,
-                             body=body, raw=raw, model=None, stream=stream,
+                             body=body, raw=raw, model=adapter_id, stream=stream,
                              max_tokens=max_new_tokens, prompt=inputs,
                              choices=best_of if best_of and best_of > 1 else 1)  # all generated

@@ -38,6 +38,10 @@ key                                    type    what
                                                models, weight, limits; never the secret)
 ``{p}access:events``                   pubsub  a key name, published when a key is created
                                                or revoked (peers re-read at once)
+``{p}response:{id}``                   string  the replica that stored a Response (vLLM keeps
+                                               it in its process); expires after
+                                               ``responses.ttl`` (gateway/dataplane/
+                                               response_homes)
 =====================================  ======  =========================================
 
 Pub/sub channels are not per database: gateways that share one Redis under different DB
@@ -95,6 +99,9 @@ class SharedKeys:
 
     def canary_rollout_lock(self, model: str) -> str:
         return f"{self.prefix}canary:rollout-lock:{quote(model, safe='')}"
+
+    def response_home(self, response_id: str) -> str:
+        return f"{self.prefix}response:{quote(response_id, safe='')}"
 
     def rate_limit(self, key_name: str) -> str:
         return f"{self.prefix}ratelimit:{key_name}"

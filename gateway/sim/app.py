@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -22,7 +22,10 @@ from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
 from gateway.sim.engine import make_engine
 from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
+from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
+from gateway.sim.pooling import PoolingRoutes
+from gateway.sim.responses import SimResponses
 from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
 from gateway.sim.profiles import Profile
 from gateway.sim.wire import (LLAMACPP_BUILD, VLLM_VERSION, LlamaCppStream, OpenAIStream, TGIStream,
@@ -55,6 +58,11 @@ class SimConfig:
     event_gap_s: float = 0.0             # with event_writes: pause between two writes
     tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
     text_seed: int = 0                   # another text for the same prompt (a canary that differs)
+    aliases: list[str] = field(default_factory=list)  # vLLM: more --served-model-name names
+    lora_modules: dict[str, str] = field(default_factory=dict)  # vLLM: adapter name -> path
+    max_loras: int = 1                   # vLLM --max-loras (adapters in one batch)
+    runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
+    runner: str = "generate"             # vLLM --runner: generate, or pooling (embeddings ...)
 
 
 class SimApp:
@@ -67,9 +75,12 @@ class SimApp:
         self.faults = cfg.faults
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
         self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
+        self.names = SimNames(cfg.model, cfg.aliases, cfg.lora_modules, cfg.max_loras,
+                              cfg.runtime_lora)
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
                              cfg.max_input_tokens or cfg.max_model_len - 1,
-                             eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed)
+                             eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed,
+                             names=self.names)
         self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
         eos_text = cfg.tokenizer.special_tokens.get("eos_token") or "</s>"
         eos_id = (cfg.tokenizer.tokenizer.token_to_id(eos_text) or 0) if eos_text else 0
@@ -100,6 +111,17 @@ class SimApp:
                     ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
         }
         self.routes.update(extra[cfg.dialect])
+        if cfg.dialect == "vllm" and cfg.runner == "pooling":  # vLLM: no generation routes
+            self.pooling = PoolingRoutes(cfg.model, cfg.max_model_len, cfg.tokenizer)
+            del self.routes[("POST", "/v1/completions")], self.routes[("POST", "/v1/chat/completions")]
+            for path in self.pooling.routes:
+                self.routes[("POST", path)] = self.pool
+        if cfg.dialect == "vllm" and cfg.runner == "generate":
+            self.responses = SimResponses(cfg.model, cfg.tokenizer)
+            self.routes[("POST", "/v1/responses")] = self.create_response
+        if cfg.dialect == "vllm" and cfg.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
+            self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
         if cfg.dialect == "tgi":  # what older TGI versions did not have yet
             version = _version(cfg.tgi_version)
             if version < (1, 4, 4):
@@ -113,6 +135,10 @@ class SimApp:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             handler = self.routes.get((scope["method"], scope["path"]))
+            if (handler is None and scope["method"] == "GET" and self.cfg.runner == "generate"
+                    and scope["path"].startswith("/v1/responses/") and self.cfg.dialect == "vllm"):
+                response_id = scope["path"].removeprefix("/v1/responses/")
+                handler = lambda req: self.get_response(req, response_id)  # noqa: E731
             try:
                 body = await read_body(receive)
             except ConnectionAbortedError:
@@ -241,7 +267,11 @@ class SimApp:
         d, cfg = self.dialect, self.cfg
         try:
             body = load_json(req.body, d)
-            job = openai_job(body, chat, cfg.tokenizer, d, self.limits)
+            name = body.get("model") if isinstance(body.get("model"), str) else None
+            limits = self.limits
+            if name in self.names.adapters:  # an adapter answers otherwise than its base
+                limits = replace(limits, text_seed=self.names.text_seed(name, limits.text_seed))
+            job = openai_job(body, chat, cfg.tokenizer, d, limits)
         except ClientError as err:
             if isinstance(d, TGI) and isinstance(req_body_stream(req.body), bool) and req_body_stream(req.body):
                 self.meter.failure("validation")
@@ -249,7 +279,8 @@ class SimApp:
                 await write(req.send, d.chat_stream_error_event(err), more=False)
                 return
             raise
-        model = body.get("model") or cfg.model
+        # vLLM answers an alias under its first served name, an adapter under its own.
+        model = cfg.model if name is None or name in self.names.aliases else name
         include_usage = job.include_usage and not cfg.no_stream_usage
         if d.name == "llamacpp":  # its own field order and end of stream
             await self.run(req, job, LlamaCppStream(chat, model, job, self.vocab, include_usage, d.data_prefix),
@@ -257,11 +288,55 @@ class SimApp:
             return
         events = OpenAIStream(d.name, chat, model, job, self.vocab, include_usage,
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
-        await self.run(req, job, events, lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
+        self.names.begin(name)
+        try:
+            await self.run(req, job, events,
+                           lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
+        finally:
+            self.names.end(name)
 
     async def models(self, req: Request) -> None:
-        card = self.dialect.model_card(self.cfg.model, self.cfg.max_model_len, self.created)
-        await respond_json(req.send, 200, {"object": "list", "data": [card]})
+        cards = self.names.cards(
+            lambda name: self.dialect.model_card(name, self.cfg.max_model_len, self.created))
+        await respond_json(req.send, 200, {"object": "list", "data": cards})
+
+    async def create_response(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        model = body.get("model")
+        if model is not None and not self.limits.serves(model):
+            raise self.dialect.unknown_model(model)
+        response = self.responses.create(body)
+        if body.get("stream") is True:
+            await start_stream(req.send)
+            await write(req.send, self.responses.events(response), more=False)
+            return
+        await respond_json(req.send, 200, response)
+
+    async def get_response(self, req: Request, response_id: str) -> None:
+        await respond_json(req.send, 200, self.responses.get(response_id))
+
+    async def pool(self, req: Request) -> None:
+        body = load_json(req.body, self.dialect)
+        model = body.get("model")
+        if model is not None and not self.limits.serves(model):
+            raise self.dialect.unknown_model(model)
+        await respond_json(req.send, 200, self.pooling.routes[req.path](body))
+
+    async def load_lora_adapter(self, req: Request) -> None:
+        await self._lora_update(req, self.names.load, "added")
+
+    async def unload_lora_adapter(self, req: Request) -> None:
+        await self._lora_update(req, self.names.unload, "removed")
+
+    async def _lora_update(self, req: Request, update: Callable[[dict[str, Any]], tuple[int, str | None]],
+                           done: str) -> None:
+        """vLLM answers success in plain text, failures as its error JSON."""
+        body = load_json(req.body, self.dialect)
+        status, message = update(body)
+        if message is not None:
+            raise ClientError(message, "invalid" if status == 400 else "not_found", status=status)
+        await respond(req.send, 200, f"Success: LoRA adapter '{body['lora_name']}' {done} "
+                      "successfully.".encode(), b"text/plain; charset=utf-8")
 
     # --- TGI routes ---
 
@@ -399,7 +474,8 @@ class SimApp:
         await respond(req.send, status, body, ctype)
 
     async def metrics(self, req: Request) -> None:
-        text = render(self.cfg.dialect, self.meter, self.engine.gauges(), self.cfg.model)
+        text = render(self.cfg.dialect, self.meter, self.engine.gauges(), self.cfg.model,
+                      self.names.lora_info())
         await respond(req.send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
 
     async def sim_state(self, req: Request) -> None:

@@ -46,6 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     server.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     server.add_argument("--model", default="sim-model", help="served model name (default sim-model)")
+    server.add_argument("--alias", action="append", default=[], metavar="NAME",
+                        help="vllm: one more served name (as --served-model-name a b); repeatable")
+    server.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                        help="vllm: LoRA adapters served, listed on /v1/models with parent = "
+                             "--model; each answers with its own text")
+    server.add_argument("--max-loras", type=int, default=1,
+                        help="vllm: adapters in one batch (vllm:lora_requests_info max_lora)")
+    server.add_argument("--runner", choices=("generate", "pooling"), default="generate",
+                        help="vllm: pooling = an embedding engine (/v1/embeddings, /pooling, "
+                             "/classify, /score, /rerank), no generation routes")
+    server.add_argument("--allow-runtime-lora", action="store_true",
+                        help="vllm: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                             "(VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     server.add_argument("--max-model-len", type=int, default=8192,
                         help="context window in tokens (vLLM max_model_len, TGI max_total_tokens, "
                              "SGLang context_length, llama.cpp per-slot n_ctx; default 8192)")
@@ -161,7 +174,20 @@ def build_config(args: argparse.Namespace):
         max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
         eos_before_max=args.eos_before_max,
         event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
-        tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed)
+        tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed,
+        aliases=args.alias, lora_modules=_lora_modules(args.lora_modules), max_loras=args.max_loras,
+        runtime_lora=args.allow_runtime_lora, runner=args.runner)
+
+
+def _lora_modules(specs: list[str]) -> dict[str, str]:
+    """``NAME=PATH`` (vLLM's form) or a bare NAME (its path is then made up)."""
+    modules = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        if not name:
+            raise ValueError(f"--lora-modules {spec!r}: NAME=PATH")
+        modules[name] = path or f"/adapters/{name}"
+    return modules
 
 
 def run(args: argparse.Namespace) -> int:

@@ -259,7 +259,11 @@ RENDERERS: dict[str, Callable[[Meter, Gauges, str, Exposition], None]] = {
 }
 
 
-def render(dialect: str, meter: Meter, gauges: Gauges, model: str) -> bytes:
+def render(dialect: str, meter: Meter, gauges: Gauges, model: str,
+           lora_info: Iterable[tuple[dict[str, str], float]] = ()) -> bytes:
     x = Exposition()
     RENDERERS[dialect](meter, gauges, model, x)
+    rows = list(lora_info)
+    if rows:  # vLLM with --enable-lora (gateway.sim.lora)
+        x.samples("vllm:lora_requests_info", "gauge", "Running stats on lora requests.", rows)
     return x.text()

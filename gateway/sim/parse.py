@@ -72,6 +72,10 @@ class Limits:
     max_input_tokens: int  # TGI
     eos_before_max: bool = False  # max_tokens is a cap on a natural length, as with real models
     text_seed: int = 0  # mixed into the text drawn (not its length): another "model version"
+    names: Any = None  # more names served (gateway.sim.lora.SimNames): aliases, adapters
+
+    def serves(self, name: str) -> bool:
+        return name == self.model or (self.names is not None and self.names.serves(name))
 
 
 def load_json(body: bytes, dialect: Dialect) -> dict[str, Any]:
@@ -256,7 +260,7 @@ def _guided(body: dict[str, Any], dialect: Dialect) -> None:
 def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: Dialect, limits: Limits) -> Job:
     """A ``/v1/chat/completions`` or ``/v1/completions`` request, validated as ``dialect`` does."""
     model = field(body, "model", str, dialect)
-    if dialect.checks_model_name and model is not None and model != limits.model:
+    if dialect.checks_model_name and model is not None and not limits.serves(model):
         raise dialect.unknown_model(model)
     if dialect.name == "sglang" and body.get("lora_path") is not None:
         raise ClientError("LoRA is not enabled on this server (launch it with --enable-lora)", "invalid",

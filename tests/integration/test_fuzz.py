@@ -22,7 +22,12 @@ TGI_PATHS = ["/generate", "/generate_stream", "/"]
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream",
           "stream_options", "include_usage", "temperature", "n", "stop", "user", "role",
           "content", "inputs", "parameters", "max_new_tokens", "details", "tools", "logprobs",
-          "echo", "best_of", "seed", "top_p", "decoder_input_details", "type", "text"]
+          "echo", "best_of", "seed", "top_p", "decoder_input_details", "type", "text", "input",
+          "text_1", "text_2", "query", "documents", "top_n", "tokens", "previous_response_id",
+          "max_output_tokens", "store", "instructions", "adapter_id"]
+# Routes that generate nothing, and the Responses API (OpenAI's error shape).
+MORE_OPENAI_PATHS = ["/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank",
+                     "/v1/rerank", "/tokenize", "/detokenize", "/v1/responses"]
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
@@ -56,6 +61,11 @@ def dumps(value: object) -> bytes:
 bodies = st.one_of(
     openai_like.map(dumps), tgi_like.map(dumps), values.map(dumps),
     st.binary(max_size=200), st.just(b"[" * 200 + b"]" * 200), st.just(b'{"a":' * 100))
+pooling_like = st.fixed_dictionaries(
+    {"model": st.sampled_from([MODEL, "nope"]) | values},
+    optional={name: st.text(max_size=30) | st.lists(st.text(max_size=10), max_size=3) | values
+              for name in ("input", "text_1", "text_2", "query", "documents", "tokens",
+                           "prompt", "previous_response_id", "max_output_tokens", "stream")})
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +85,10 @@ def check_answer(path: str, response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     error = orjson.loads(response.content)
-    if path in OPENAI_PATHS:
+    if path in OPENAI_PATHS or path in MORE_OPENAI_PATHS:
+        if path == "/tokenize" and isinstance(error.get("error"), str):  # TGI's /tokenize
+            assert isinstance(error["error_type"], str)
+            return
         assert isinstance(error["error"]["message"], str) and error["error"]["message"]
         assert "type" in error["error"] and "code" in error["error"]
     elif path in TGI_PATHS:
@@ -93,6 +106,15 @@ def test_generation_endpoints_never_fail_on_bad_input(gw, path: str, body: bytes
     check_answer(path, response)
 
 
+@settings(max_examples=250, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(path=st.sampled_from(MORE_OPENAI_PATHS), body=pooling_like.map(dumps) | bodies)
+def test_pooling_tokenize_and_responses_routes_never_fail_on_bad_input(gw, path: str,
+                                                                       body: bytes) -> None:
+    response = httpx.post(gw["gw"] + path, content=body, timeout=30)
+    check_answer(path, response)
+
+
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(["/v1/models", "/info", "/health", "/ready", "/metrics",
@@ -102,7 +124,9 @@ def test_generation_endpoints_never_fail_on_bad_input(gw, path: str, body: bytes
                              "/admin/canary/x%00y/disagreements", "/admin/canary/x%00y",
                              "/admin/canary/sim-model?window=-1&canary=%00",
                              "/admin/canary/sim-model?window=1e400",
-                             "/admin/canary/sim-model?baseline=default&canary=default"]),
+                             "/admin/canary/sim-model?baseline=default&canary=default",
+                             "/v1/responses/x%00y", "/v1/responses/resp_1/cancel",
+                             "/v1/responses/" + "r" * 3000]),
        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
        auth=st.sampled_from(["", "Bearer " + TOKEN, "Bearer x", "Basic abc", "Bearer"]),
        body=st.binary(max_size=64))

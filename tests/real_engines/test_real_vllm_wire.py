@@ -25,16 +25,27 @@ from huggingface_hub import InferenceClient
 from text_generation import Client as TGIClient
 
 from engines import Engine, vllm
+from gateway.fleet.engine_signals import parse_lora_info
 from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer
 from shapes import SHAPE_REQUESTS, differences, metric_families, same_shapes, shape
 from support import gateway_server, sim
 from tee import Tee, tee
+from tiny_model import write_lora
 
 ADMIN = {"authorization": "Bearer real"}
 # Spans leave a batch processor this often (the OpenTelemetry SDK's variable).
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two random rank-8 LoRA adapters of the tiny Llama: `sql` served from the start, `fin`
+    loaded at run time through the gateway."""
+    root = tmp_path_factory.mktemp("lora")
+    return {name: write_lora(root / name, str(tiny_model), seed=seed)
+            for name, seed in (("sql", 1), ("fin", 2))}
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +57,16 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model: Path, otlp: OtlpReceiver) -> Iterator[Engine]:
+def engine(tiny_model: Path, adapters: dict[str, Path], otlp: OtlpReceiver) -> Iterator[Engine]:
+    # One engine serves several names (an alias, a LoRA adapter) and stores Responses: the
+    # many-names checks share this engine rather than start another (about 40 s each).
     # vLLM exports over gRPC unless told otherwise; the receiver speaks OTLP/HTTP.
-    with vllm(tiny_model, "--otlp-traces-endpoint", otlp.url,
+    with vllm(tiny_model, "--otlp-traces-endpoint", otlp.url, "--enable-lora",
+              "--lora-modules", f"sql={adapters['sql']}", "--max-lora-rank", "8",
+              names=("tiny", "tiny-alias"),
               env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", **FAST_EXPORT,
-                   "OTEL_SERVICE_NAME": "vllm-engine"}) as running:
+                   "OTEL_SERVICE_NAME": "vllm-engine", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                   "VLLM_ENABLE_RESPONSES_API_STORE": "1"}) as running:
         yield running
 
 
@@ -61,9 +77,10 @@ def recorder(engine: Engine) -> Iterator[Tee]:
 
 
 @pytest.fixture(scope="module")
-def gateway(recorder: Tee, tiny_model: Path,
+def gateway(recorder: Tee, tiny_model: Path, adapters: dict[str, Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model), "replicas": [
+    config = {"models": [{"name": "tiny", "tokenizer": str(tiny_model),
+                          "load_adapters": {"fin": str(adapters["fin"])}, "replicas": [
         {"url": recorder.url, "engine": "vllm", "name": "vllm-0"}]}],
               "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}, "admin_token": "real",
               "scheduling": {"signals_interval": 0.2}}
@@ -167,7 +184,9 @@ def test_openai_client(gateway: str, engine: Engine) -> None:
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=16,
         temperature=0, stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
-    assert [m.id for m in client.models.list().data] == ["tiny"]
+    # The model first, then the names its engine also serves (an alias, LoRA adapters).
+    names = [m.id for m in client.models.list().data]
+    assert names[0] == "tiny" and {"tiny-alias", "sql"} <= set(names)
 
 
 def _engine_greedy(engine: Engine, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -361,9 +380,11 @@ VLLM_SHAPE_REQUESTS = {**SHAPE_REQUESTS, "completion stream logprobs+token ids":
 
 
 @pytest.fixture(scope="module")
-def simulated_vllm(tiny_model: Path) -> Iterator[str]:
-    """The vLLM simulator serving the same name, window and tokenizer as the real engine."""
-    with sim("vllm", "tiny", 1024, "--tokenizer", str(tiny_model)) as url:
+def simulated_vllm(tiny_model: Path, adapters: dict[str, Path]) -> Iterator[str]:
+    """The vLLM simulator serving the same names (the alias, the adapter), window and
+    tokenizer as the real engine."""
+    with sim("vllm", "tiny", 1024, "--tokenizer", str(tiny_model), "--alias", "tiny-alias",
+             "--lora-modules", f"sql={adapters['sql']}") as url:
         yield url
 
 
@@ -456,3 +477,96 @@ def test_the_engines_span_is_under_the_gateways_attempt(traced_gateway: str, otl
     assert engine_span_of(spans, first) is None  # the failing replica is no vLLM
     assert second.start <= engine_span.start and engine_span.end <= second.end + 50_000_000
     assert second.attributes["gen_ai.usage.output_tokens"] == 8
+
+
+def _greedy(base: str, model: str, prompt: str = "The quick brown fox") -> httpx.Response:
+    return _post(base, "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 12,
+                                           "temperature": 0})
+
+
+def test_alias_and_adapter_discovered_and_answered_as_the_engine(gateway: str,
+                                                                  engine: Engine) -> None:
+    """`--served-model-name tiny tiny-alias` and `--lora-modules sql=DIR`: the gateway lists
+    what the engine lists (the adapter with `parent`), and each name answers as the engine
+    answers it; the adapter's greedy text is not the base model's."""
+    cards = {c["id"]: c for c in httpx.get(engine.url + "/v1/models").json()["data"]}
+    assert cards["sql"]["parent"] == "tiny" and cards["tiny-alias"]["parent"] is None
+    listed = {c["id"]: c["parent"] for c in httpx.get(gateway + "/v1/models").json()["data"]}
+    assert {"tiny": None, "tiny-alias": None, "sql": "tiny"}.items() <= listed.items()
+    texts = {}
+    for name in ("tiny", "tiny-alias", "sql"):
+        through, direct = _greedy(gateway, name), _greedy(engine.url, name)
+        assert through.status_code == direct.status_code == 200, through.text
+        # vLLM names its first served name for an alias, the adapter for an adapter.
+        assert through.json()["model"] == direct.json()["model"] == (
+            "tiny" if name == "tiny-alias" else name)
+        assert through.json()["choices"] == direct.json()["choices"]
+        assert through.json()["usage"] == direct.json()["usage"]
+        texts[name] = through.json()["choices"][0]["text"]
+    assert texts["tiny"] == texts["tiny-alias"] != texts["sql"]
+    # vLLM reports the adapter it ran: max_lora and the running/waiting adapter names.
+    info = parse_lora_info(httpx.get(engine.url + "/metrics").text)
+    assert info is not None and info[2] == 1
+
+
+def test_adapter_loaded_at_run_time_through_the_gateway(gateway: str, engine: Engine) -> None:
+    """`fin` is in the gateway's load_adapters and not on the engine: the first request loads
+    it (POST /v1/load_lora_adapter), and it then answers as the engine answers it."""
+    assert "fin" not in {c["id"] for c in httpx.get(engine.url + "/v1/models").json()["data"]}
+    through = _greedy(gateway, "fin")
+    assert through.status_code == 200, through.text
+    direct = _greedy(engine.url, "fin")
+    assert through.json()["choices"] == direct.json()["choices"]
+    assert "fin" in {c["id"] for c in httpx.get(engine.url + "/v1/models").json()["data"]}
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/tokenize", {"model": "tiny", "prompt": "hello world"}),
+    ("/tokenize", {"model": "sql", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/detokenize", {"model": "tiny", "tokens": [5, 6, 7]}),
+])
+def test_tokenize_and_detokenize_answer_as_the_engine(gateway: str, engine: Engine,
+                                                      path: str, body: dict[str, Any]) -> None:
+    through, direct = _post(gateway, path, body), _post(engine.url, path, body)
+    assert through.status_code == direct.status_code == 200, through.text
+    assert through.content == direct.content
+
+
+def test_embeddings_on_a_generate_engine_is_its_404_in_openai_shape(gateway: str) -> None:
+    """A generate engine has no /v1/embeddings (vLLM answers FastAPI's 404); the pooling
+    engine itself is not started here (another 40 s): the sims check embeddings."""
+    r = _post(gateway, "/v1/embeddings", {"model": "tiny", "input": "x"})
+    assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_responses_conversation_reaches_the_engine_that_stored_it(gateway: str,
+                                                                    engine: Engine) -> None:
+    """Three turns with previous_response_id (the last streamed), the stored response read
+    back through the gateway as the engine gives it, usage metered from the stream."""
+    previous = None
+    for turn in range(2):
+        body: dict[str, Any] = {"model": "tiny", "input": f"turn {turn}",
+                                "max_output_tokens": 6, "temperature": 0}
+        if previous:
+            body["previous_response_id"] = previous
+        r = _post(gateway, "/v1/responses", body)
+        assert r.status_code == 200, r.text
+        assert r.json()["previous_response_id"] == previous
+        previous = r.json()["id"]
+    body = {"model": "tiny", "input": "last", "max_output_tokens": 4, "stream": True,
+            "previous_response_id": previous}
+    with httpx.stream("POST", gateway + "/v1/responses", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        data = r.read()
+    events = [e for e in data.split(b"\n\n") if e]
+    assert events[0].startswith(b"event: response.created\ndata: {")
+    assert events[-1].startswith(b"event: response.completed\ndata: {")
+    last = orjson.loads(events[-1].split(b"data: ", 1)[1])["response"]
+    assert last["previous_response_id"] == previous
+    through = httpx.get(f"{gateway}/v1/responses/{last['id']}")
+    direct = httpx.get(f"{engine.url}/v1/responses/{last['id']}")
+    assert through.status_code == direct.status_code == 200
+    assert through.json() == direct.json()
+    unknown = _post(gateway, "/v1/responses", {"model": "tiny", "input": "x",
+                                               "previous_response_id": "resp_unknown"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"

@@ -24,9 +24,12 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 import orjson
 
 from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
+from gateway.protocol import responses as responses_api
+from gateway.protocol.pooling import refusal as pooling_refusal
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
 from gateway.protocol.translate.passthrough import PassThrough
+from gateway.protocol.translate.responses import ResponsesPassThrough
 from gateway.protocol.translate.sse import malformed
 from gateway.protocol.translate.generated_tokens import TokenTexts
 from gateway.protocol.usage import Usage
@@ -135,6 +138,10 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
             has_tokenizer: bool) -> GatewayError | None:
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
+    if request.pooling:
+        return pooling_refusal(request.path, engine, request.api)
+    if request.path == responses_api.PATH:
+        return responses_api.refusal(engine)
     if request.api is Api.TGI:
         if engine == "tgi":
             return None
@@ -176,6 +183,8 @@ def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool)
 def plan(request: GenerationRequest, engine: str, version: str | None, model: str,
          tokenizer: ModelTokenizer | None, window: int | None) -> Translation:
     """How ``request`` reaches a replica of ``engine``: translated, or passed through."""
+    if request.path == responses_api.PATH:
+        return ResponsesPassThrough(request)
     if request.api is Api.TGI and engine != "tgi":
         return _tgi_on_openai(request, engine, model, tokenizer, window)
     if (request.api is Api.OPENAI and engine == "tgi" and not request.is_chat
