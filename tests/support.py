@@ -49,7 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``url`` until it answers (any status below 500), bounded by ``timeout``."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -67,7 +67,7 @@ def wait_ready(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = 
 
 @contextlib.contextmanager
 def running(args: list[str], ready_url: str, env: dict[str, str] | None = None,
-            timeout: float = 20.0) -> Iterator[subprocess.Popen]:
+            timeout: float = 60.0) -> Iterator[subprocess.Popen]:
     """Run ``python -m gateway ARGS`` until the block ends; yield the process.
 
     Its stderr goes to a file, not a pipe: a server that logs more than a pipe holds while

@@ -149,8 +149,8 @@ def test_soak_leaves_nothing_behind(tmp_path: Path) -> None:
                                 and all(s["running"] == 0 and s["waiting"] == 0
                                         for s in states.values())
                                 and now["active_requests"] == 0
-                                and now["open_fds"] == baseline["open_fds"]
-                                and now["asyncio_tasks"] == baseline["asyncio_tasks"])
+                                and now["open_fds"] <= baseline["open_fds"]
+                                and now["asyncio_tasks"] <= baseline["asyncio_tasks"])
                         if done or time.monotonic() > deadline:
                             break
                         time.sleep(0.25)
@@ -167,8 +167,10 @@ def test_soak_leaves_nothing_behind(tmp_path: Path) -> None:
                     assert all(s["running"] == 0 and s["waiting"] == 0
                                for s in states.values()), states
                     assert now["active_requests"] == 0 and not any(now["queued"].values())
-                    assert now["open_fds"] == baseline["open_fds"], (baseline, now)
-                    assert now["asyncio_tasks"] == baseline["asyncio_tasks"], (baseline, now)
+                    # Nothing more than before the run (fewer is fine: a keep-alive connection
+                    # or probe open at the baseline may have ended since)
+                    assert now["open_fds"] <= baseline["open_fds"], (baseline, now)
+                    assert now["asyncio_tasks"] <= baseline["asyncio_tasks"], (baseline, now)
                     assert outcomes["ok"] > REQUESTS * 0.7 and retried > 0
                 finally:
                     for server in restart:
