@@ -166,3 +166,39 @@ def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASG
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class StreamInThread:
+    """One streamed request read on a thread: its status, replica and SSE events as the
+    client saw them. ``started`` is set once the answer's head arrived (or the request
+    failed)."""
+
+    def __init__(self, url: str, body: dict, timeout: float = 30.0) -> None:
+        self.url, self.body, self.timeout = url, body, timeout
+        self.status: int | None = None
+        self.replica: str | None = None
+        self.events: list[bytes] = []
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=self.timeout) as response:
+                self.status = response.status_code
+                self.replica = response.headers.get("x-gateway-replica")
+                self.started.set()
+                self.events = [e for e in response.read().split(b"\n\n") if e]
+        finally:
+            self.started.set()
+
+    def join(self) -> "StreamInThread":
+        self.thread.join(self.timeout * 1.5)
+        assert not self.thread.is_alive()
+        return self
+
+    @property
+    def ended_with_error_event(self) -> bool:
+        """A 200 stream cut by the gateway's error event, then [DONE]."""
+        return (self.status == 200 and self.events[-1] == b"data: [DONE]"
+                and self.events[-2].startswith(b'data: {"error":'))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +13,7 @@ from typing import Iterator
 import httpx
 
 from scrape import metric_sum
-from support import free_port, gateway_server, running, sim
+from support import StreamInThread, free_port, gateway_server, running, sim
 
 MODEL = "sim-model"
 TOKEN = "admin-secret"
@@ -48,38 +47,18 @@ def settled(gw: str) -> None:
     wait_until(idle, 5, "the gateway to settle")
 
 
-class Stream:
-    """One streamed completion read on a thread; records what the client saw."""
+class Stream(StreamInThread):
+    """One streamed request to the gateway, OpenAI's or TGI's."""
 
     def __init__(self, gw: str, max_tokens: int = 30, api: str = "openai") -> None:
-        self.gw, self.max_tokens, self.api = gw, max_tokens, api
-        self.status: int | None = None
-        self.replica: str | None = None
-        self.events: list[bytes] = []
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        if self.api == "openai":
+        self.max_tokens, self.api = max_tokens, api
+        if api == "openai":
             path, body = "/v1/completions", {"model": MODEL, "prompt": "hello",
-                                             "max_tokens": self.max_tokens, "stream": True}
+                                             "max_tokens": max_tokens, "stream": True}
         else:
             path, body = "/generate_stream", {"inputs": "hello",
-                                              "parameters": {"max_new_tokens": self.max_tokens}}
-        try:
-            with httpx.stream("POST", self.gw + path, json=body, timeout=30) as r:
-                self.status = r.status_code
-                self.replica = r.headers.get("x-gateway-replica")
-                self.started.set()
-                self.events = [e for e in r.read().split(b"\n\n") if e]
-        finally:
-            self.started.set()
-
-    def join(self) -> "Stream":
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        return self
+                                              "parameters": {"max_new_tokens": max_tokens}}
+        super().__init__(gw + path, body, timeout=30)
 
     @property
     def complete(self) -> bool:
@@ -88,11 +67,6 @@ class Stream:
                     and len(self.events) == self.max_tokens + 1
                     and not any(b'"error"' in e for e in self.events))
         return self.status == 200 and b'"generated_text"' in self.events[-1]
-
-    @property
-    def ended_with_error_event(self) -> bool:
-        return (self.status == 200 and self.events[-1] == b"data: [DONE]"
-                and self.events[-2].startswith(b'data: {"error":'))
 
 
 PACED = ("--profile", "paced", "--ttft-ms", "250", "--itl-ms", "20")

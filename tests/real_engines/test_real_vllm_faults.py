@@ -4,7 +4,6 @@ fault or an OOM kill looks), its return, and the gateway's own drain on SIGTERM.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -13,51 +12,24 @@ import httpx
 import pytest
 
 from engines import Engine, VllmSpec, restart, vllms
-from support import gateway_server
+from support import StreamInThread, gateway_server
 
 ADMIN = {"authorization": "Bearer real"}
 
 
-class Stream:
-    """One streamed completion, read on a thread; what the client saw."""
+class Stream(StreamInThread):
+    """One greedy streamed completion of ``max_tokens`` through the gateway."""
 
     def __init__(self, gateway: str, max_tokens: int) -> None:
-        self.gateway, self.max_tokens = gateway, max_tokens
-        self.status: int | None = None
-        self.replica: str | None = None
-        self.events: list[bytes] = []
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        body = {"model": "tiny", "prompt": "faults", "max_tokens": self.max_tokens,
-                "stream": True, "ignore_eos": True}
-        try:
-            with httpx.stream("POST", self.gateway + "/v1/completions", json=body,
-                              timeout=120) as response:
-                self.status = response.status_code
-                self.replica = response.headers.get("x-gateway-replica")
-                self.started.set()
-                self.events = [e for e in response.read().split(b"\n\n") if e]
-        finally:
-            self.started.set()
-
-    def join(self) -> "Stream":
-        self.thread.join(180)
-        assert not self.thread.is_alive()
-        return self
+        super().__init__(gateway + "/v1/completions", {
+            "model": "tiny", "prompt": "faults", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}, timeout=120)
 
     @property
     def complete(self) -> bool:
         return (self.status == 200 and self.events[-1] == b"data: [DONE]"
                 and not any(b'"error"' in e for e in self.events)
                 and b'"finish_reason":"length"' in self.events[-2])
-
-    @property
-    def ended_with_error_event(self) -> bool:
-        return (self.status == 200 and self.events[-1] == b"data: [DONE]"
-                and self.events[-2].startswith(b'data: {"error":'))
 
 
 def replicas(gateway: str) -> dict[str, dict]:
