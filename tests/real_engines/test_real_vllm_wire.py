@@ -159,6 +159,7 @@ def test_many_streams_all_end_whole(gateway: str) -> None:
     def one(i: int) -> None:
         with httpx.stream("POST", gateway + "/v1/completions", timeout=60, json={
                 "model": "tiny", "prompt": f"story {i}", "max_tokens": 32, "stream": True,
+                "ignore_eos": True,  # sampled: an early EOS would end it short, and whole
                 "stream_options": {"include_usage": True}}) as response:
             results.append(response.read())
 
