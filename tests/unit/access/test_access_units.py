@@ -91,7 +91,9 @@ def test_admission_sets_caller_and_settles_once() -> None:
     auth = AuthConfig(window=6, keys=[{"name": "team", "sha256": hash_secret("s"),
                                        "models": ["m"], "weight": 3,
                                        "limits": {"tokens_per_minute": 1000}}])
-    access = AccessControl(auth)
+    # A frozen clock: at 1000 tokens per 6 s the bucket refills a token every 6 ms, which a
+    # loaded machine takes between two admissions.
+    access = AccessControl(auth, limiter=LocalLimiter(auth.window, Clock()))
     with pytest.raises(InvalidApiKey) as missing:
         access.authenticate(None)
     assert missing.value.status == 401 and missing.value.code == "invalid_api_key"
