@@ -107,8 +107,10 @@ def _start(args: list[str], env: dict[str, str], url: str, log: Path, timeout: f
 
 
 def restart(engine: Engine, timeout: float = VLLM_START_TIMEOUT) -> Engine:
-    """The same engine again, same port and arguments (after ``kill`` or ``stop``)."""
-    return _start(engine.args, engine.env, engine.url, engine.log, timeout)
+    """The same engine again, same port and arguments (after ``kill`` or ``stop``), in the
+    same ``Engine``: whoever stops it at the end (``vllms``) stops the new process too."""
+    engine.proc = _launch(engine.args, engine.env, engine.url, engine.log).proc
+    return _wait_ready(engine, timeout)
 
 
 def vllm_args(model_dir: Path, port: int, names: tuple[str, ...], dtype: str,
