@@ -1,20 +1,35 @@
-"""Faults with real engines: a vLLM killed mid-stream (SIGKILL of its process group, as a GPU
-fault or an OOM kill looks), its return, and the gateway's own drain on SIGTERM."""
+"""Two real vLLM replicas of one model (CPU build), as a fleet: what one engine cannot show.
+
+Both serve two names (``--served-model-name tiny tiny-alias``); only the first serves the
+LoRA adapter ``sql``, and both may load adapters at run time. Requests for the adapter go
+only where it is; an adapter the gateway loads lives on one replica and is sent there since;
+a Responses conversation stays on the replica that stored it (vLLM keeps stored responses in
+its process: the other replica answers 404). Then faults: a replica killed mid-stream
+(SIGKILL of its process group, as a GPU fault or an OOM kill looks), its return, and the
+gateway's own drain on SIGTERM. After each, every replica's ledger is back at zero.
+"""
 
 from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from engines import Engine, VllmSpec, restart, vllms
+from scrape import by_label
 from support import StreamInThread, gateway_server
+from tiny_model import write_lora
 
 ADMIN = {"authorization": "Bearer real"}
+NAMES = ("tiny", "tiny-alias")
+ENGINE_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+LORA = ("--enable-lora", "--max-lora-rank", "8")
 
 
 class Stream(StreamInThread):
@@ -44,10 +59,116 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+def ledger_settles(gateway: str) -> None:
+    wait_until(lambda: all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
+                           for r in replicas(gateway).values()), 10, "the ledger to settle")
+
+
 @pytest.fixture(scope="module")
-def engines(tiny_model: Path) -> Iterator[list[Engine]]:
-    with vllms(tiny_model, VllmSpec(), VllmSpec()) as both:
+def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`sql` served by the first replica from its start; `fin` loaded by the gateway."""
+    root = tmp_path_factory.mktemp("lora")
+    return {name: write_lora(root / name, str(tiny_model), seed=seed)
+            for name, seed in (("sql", 1), ("fin", 2))}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model: Path, adapters: dict[str, Path]) -> Iterator[list[Engine]]:
+    with vllms(tiny_model,
+               VllmSpec((*LORA, "--lora-modules", f"sql={adapters['sql']}"), NAMES,
+                        env=ENGINE_ENV),
+               VllmSpec(LORA, NAMES, env=ENGINE_ENV)) as both:
         yield both
+
+
+def fleet_config(engines: list[Engine], tiny_model: Path, adapters: dict[str, Path]) -> dict:
+    # Round robin: whatever the gateway does beyond it (adapters, stored responses) shows.
+    return {"models": [{"name": "tiny", "tokenizer": str(tiny_model),
+                        "load_adapters": {"fin": str(adapters["fin"])}, "replicas": [
+        {"url": e.url, "engine": "vllm", "name": name} for e, name in zip(engines, "ab")]}],
+        "balancer": "round_robin", "admin_token": "real",
+        "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}}
+
+
+def complete(base: str, model: str, max_tokens: int = 8) -> httpx.Response:
+    return httpx.post(base + "/v1/completions", timeout=120, json={
+        "model": model, "prompt": "The quick brown fox", "max_tokens": max_tokens,
+        "temperature": 0})
+
+
+def served(engine: Engine) -> set[str]:
+    return {c["id"] for c in httpx.get(engine.url + "/v1/models").json()["data"]}
+
+
+def test_names_and_adapters_go_where_they_are_served(
+        engines: list[Engine], tiny_model: Path, adapters: dict[str, Path],
+        tmp_path: Path) -> None:
+    a, b = engines
+    assert served(a) == {"tiny", "tiny-alias", "sql"} and served(b) == {"tiny", "tiny-alias"}
+    with gateway_server(tmp_path, fleet_config(engines, tiny_model, adapters)) as (gateway, _):
+        listed = {m["id"]: m["parent"] for m in httpx.get(gateway + "/v1/models").json()["data"]}
+        assert {"tiny": None, "tiny-alias": None, "sql": "tiny"}.items() <= listed.items()
+
+        asked = ["sql"] * 16 + ["tiny"] * 8 + ["tiny-alias"] * 8
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda name: (name, complete(gateway, name)), asked))
+        where: dict[str, Counter] = {}
+        for name, answer in answers:
+            assert answer.status_code == 200, answer.text
+            where.setdefault(name, Counter())[answer.headers["x-gateway-replica"]] += 1
+            # vLLM names what it ran: the adapter, or for the alias its first served name.
+            assert answer.json()["model"] == ("tiny" if name == "tiny-alias" else name)
+        assert where["sql"] == Counter({"a": 16}), where  # only where the adapter is
+        assert set(where["tiny"]) == set(where["tiny-alias"]) == {"a", "b"}, where
+
+        # `fin` is on neither engine: the gateway loads it once, on one replica, and sends
+        # every `fin` request there since.
+        with ThreadPoolExecutor(6) as pool:
+            fin = list(pool.map(lambda _: complete(gateway, "fin"), range(6)))
+        assert all(r.status_code == 200 for r in fin), [r.text for r in fin]
+        homes = {r.headers["x-gateway-replica"] for r in fin}
+        assert len(homes) == 1, homes
+        assert [n for n, e in zip("ab", engines) if "fin" in served(e)] == list(homes)
+        assert complete(gateway, "fin").headers["x-gateway-replica"] in homes
+
+        ledger_settles(gateway)
+        assert by_label(gateway, "llm_gateway_requests_total", "model", status="2xx") == {
+            "sql": 16, "tiny": 8, "tiny-alias": 8, "fin": 7}
+        assert by_label(gateway, "llm_gateway_requests_total", "base", model="sql",
+                        status="2xx") == {"tiny": 16}
+
+
+def test_responses_conversations_stay_on_the_replica_that_stored_them(
+        engines: list[Engine], tiny_model: Path, adapters: dict[str, Path],
+        tmp_path: Path) -> None:
+    """Four conversations of three turns, interleaved under round robin: each turn after the
+    first goes where the previous response is stored, whatever round robin would pick."""
+    urls = {"a": engines[0].url, "b": engines[1].url}
+    with gateway_server(tmp_path, fleet_config(engines, tiny_model, adapters)) as (gateway, _):
+        previous: list[str | None] = [None] * 4
+        homes: list[str | None] = [None] * 4
+        for turn in range(3):
+            for talk in range(4):
+                body: dict[str, Any] = {"model": "tiny", "input": f"talk {talk} turn {turn}",
+                                        "max_output_tokens": 6, "temperature": 0}
+                if previous[talk]:
+                    body["previous_response_id"] = previous[talk]
+                r = httpx.post(gateway + "/v1/responses", json=body, timeout=120)
+                assert r.status_code == 200, r.text
+                assert r.json()["previous_response_id"] == previous[talk]
+                replica = r.headers["x-gateway-replica"]
+                assert homes[talk] in (None, replica), (talk, turn, homes[talk], replica)
+                homes[talk], previous[talk] = replica, r.json()["id"]
+        assert set(homes) == {"a", "b"}  # the conversations began on both replicas
+        for talk, home in enumerate(homes):
+            last = previous[talk]
+            through = httpx.get(f"{gateway}/v1/responses/{last}")
+            assert through.status_code == 200 and through.headers["x-gateway-replica"] == home
+            assert through.json() == httpx.get(f"{urls[home]}/v1/responses/{last}").json()
+            # Why it matters: the other engine has never heard of it.
+            other = urls["b" if home == "a" else "a"]
+            assert httpx.get(f"{other}/v1/responses/{last}").status_code == 404
+        ledger_settles(gateway)
 
 
 def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
@@ -60,7 +181,9 @@ def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
         "health": {"interval": 0.5, "timeout": 10.0},
         "outlier": {"consecutive_failures": 1, "base_ejection": 2.0}}
     with gateway_server(tmp_path, config) as (gateway, _):
-        running = [Stream(gateway, 400) for _ in range(8)]
+        # Long streams (the window allows 1,000 tokens): the tiny model writes 400 in about a
+        # second, which a loaded machine's polling of the engine's gauge could miss.
+        running = [Stream(gateway, 960) for _ in range(8)]
         wait_until(lambda: sum(s.replica == "victim" for s in running) >= 2, 60,
                    "streams on the victim")
         wait_until(lambda: victim.metric("vllm:num_requests_running") >= 1, 30,
@@ -79,13 +202,12 @@ def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
             [(s.status, s.replica, s.events[-2:]) for s in after]
         assert replicas(gateway)["victim"]["state"] in ("ejected", "unhealthy")
         # The engine comes back on its port: the gateway takes it back.
-        engines[0] = victim = restart(victim)
+        restart(victim)
         wait_until(lambda: replicas(gateway)["victim"]["state"] == "healthy", 60,
                    "the victim's return")
-        served = {Stream(gateway, 8).join().replica for _ in range(6)}
-        assert served == {"victim", "other"}
-        wait_until(lambda: all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
-                               for r in replicas(gateway).values()), 10, "the ledger to settle")
+        serving = {Stream(gateway, 8).join().replica for _ in range(6)}
+        assert serving == {"victim", "other"}
+        ledger_settles(gateway)
 
 
 def test_sigterm_drains_real_streams(engines: list[Engine], tmp_path: Path) -> None:
@@ -93,7 +215,7 @@ def test_sigterm_drains_real_streams(engines: list[Engine], tmp_path: Path) -> N
         {"url": e.url, "engine": "vllm", "name": f"e{i}"} for i, e in enumerate(engines)]}],
         "admin_token": "real", "drain_timeout": 60, "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}}
     with gateway_server(tmp_path, config) as (gateway, proc):
-        streams = [Stream(gateway, 200) for _ in range(6)]
+        streams = [Stream(gateway, 960) for _ in range(6)]  # still running when checked
         for s in streams:
             assert s.started.wait(60)
         proc.send_signal(signal.SIGTERM)

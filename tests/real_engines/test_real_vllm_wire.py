@@ -12,6 +12,7 @@ as the gateway in front of it does: its span must sit under the gateway's attemp
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from text_generation import Client as TGIClient
 
-from engines import Engine, vllm
+from engines import Engine, VllmSpec, vllms
 from gateway.fleet.engine_signals import parse_lora_info
 from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
@@ -57,17 +58,33 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model: Path, adapters: dict[str, Path], otlp: OtlpReceiver) -> Iterator[Engine]:
+def engines(tiny_model: Path, adapters: dict[str, Path], otlp: OtlpReceiver
+            ) -> Iterator[list[Engine]]:
+    """The generate engine and, started beside it (their starts overlap), the same weights
+    as an embedding engine (`--runner pooling`) for the routes that generate nothing."""
     # One engine serves several names (an alias, a LoRA adapter) and stores Responses: the
     # many-names checks share this engine rather than start another (about 40 s each).
     # vLLM exports over gRPC unless told otherwise; the receiver speaks OTLP/HTTP.
-    with vllm(tiny_model, "--otlp-traces-endpoint", otlp.url, "--enable-lora",
-              "--lora-modules", f"sql={adapters['sql']}", "--max-lora-rank", "8",
-              names=("tiny", "tiny-alias"),
-              env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", **FAST_EXPORT,
-                   "OTEL_SERVICE_NAME": "vllm-engine", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                   "VLLM_ENABLE_RESPONSES_API_STORE": "1"}) as running:
+    generate = VllmSpec(
+        ("--otlp-traces-endpoint", otlp.url, "--enable-lora",
+         "--lora-modules", f"sql={adapters['sql']}", "--max-lora-rank", "8"),
+        names=("tiny", "tiny-alias"),
+        env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", **FAST_EXPORT,
+             "OTEL_SERVICE_NAME": "vllm-engine", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+             "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
+    pooling = VllmSpec(("--runner", "pooling"), names=("tiny-embed",))
+    with vllms(tiny_model, generate, pooling) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def engine(engines: list[Engine]) -> Engine:
+    return engines[0]
+
+
+@pytest.fixture(scope="module")
+def pooling_engine(engines: list[Engine]) -> Engine:
+    return engines[1]
 
 
 @pytest.fixture(scope="module")
@@ -538,10 +555,52 @@ def test_tokenize_and_detokenize_answer_as_the_engine(gateway: str, engine: Engi
 
 
 def test_embeddings_on_a_generate_engine_is_its_404_in_openai_shape(gateway: str) -> None:
-    """A generate engine has no /v1/embeddings (vLLM answers FastAPI's 404); the pooling
-    engine itself is not started here (another 40 s): the sims check embeddings."""
+    """A generate engine has no /v1/embeddings (vLLM answers FastAPI's 404): OpenAI's shape."""
     r = _post(gateway, "/v1/embeddings", {"model": "tiny", "input": "x"})
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def embed_gateway(pooling_engine: Engine, tiny_model: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = {"models": [{"name": "tiny-embed", "tokenizer": str(tiny_model), "replicas": [
+        {"url": pooling_engine.url, "engine": "vllm", "name": "embed-0"}]}],
+              "admin_token": "real"}
+    with gateway_server(tmp_path_factory.mktemp("real-embed"), config) as (url, _):
+        yield url
+
+
+def _without_ids(body: bytes) -> bytes:
+    """The answer's bytes with its id and creation time blanked (each answer has its own)."""
+    body = re.sub(rb'"id":"[^"]*"', b'"id":""', body)
+    return re.sub(rb'"created":\d+', b'"created":0', body)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", {"model": "tiny-embed", "input": "the quick brown fox"}),
+    ("/v1/embeddings", {"model": "tiny-embed", "input": ["one", "two", "three"]}),
+    ("/v1/embeddings", {"model": "tiny-embed", "input": [5, 6, 7, 8]}),
+    ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "encoding_format": "base64"}),
+    ("/pooling", {"model": "tiny-embed", "input": "pool me"}),
+])
+def test_embeddings_answer_byte_for_byte_as_the_pooling_engine(
+        embed_gateway: str, pooling_engine: Engine, path: str, body: dict[str, Any]) -> None:
+    through, direct = _post(embed_gateway, path, body), _post(pooling_engine.url, path, body)
+    assert through.status_code == direct.status_code == 200, through.text
+    assert _without_ids(through.content) == _without_ids(direct.content)
+
+
+def test_embeddings_past_the_window_are_a_400_before_the_engine(
+        embed_gateway: str, pooling_engine: Engine) -> None:
+    """A pooling request costs its input tokens: past the window (1024) it is the gateway's
+    400, in OpenAI's shape, as the engine itself refuses it; the ledger ends at zero."""
+    body = {"model": "tiny-embed", "input": "fox " * 1100}
+    through, direct = _post(embed_gateway, "/v1/embeddings", body), \
+        _post(pooling_engine.url, "/v1/embeddings", body)
+    assert through.status_code == direct.status_code == 400, through.text
+    assert through.json()["error"]["code"] == "context_length_exceeded"
+    replicas = httpx.get(embed_gateway + "/admin/replicas", headers=ADMIN).json()["replicas"]
+    assert [(r["in_flight"], r["outstanding_tokens"]) for r in replicas] == [(0, 0)]
 
 
 def test_a_responses_conversation_reaches_the_engine_that_stored_it(gateway: str,
