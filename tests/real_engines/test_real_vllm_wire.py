@@ -364,7 +364,7 @@ def test_bench_through_the_gateway_and_straight_to_the_engine(
     """`llm-gateway bench` on the real engine, through the gateway and directly: every request
     served, output counted from the engine's own usage on both (the TGI run through the
     gateway's translation; straight to vLLM only OpenAI is spoken). The tokens/s share is
-    measured this way (README), never asserted here."""
+    measured this way (docs/performance.md), never asserted here."""
     import json
     import subprocess
     import sys
