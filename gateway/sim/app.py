@@ -56,6 +56,7 @@ class SimConfig:
     eos_before_max: bool = False         # end at a natural length below max_tokens
     event_writes: bool = False           # one write per SSE event (as vLLM's generator yields)
     event_gap_s: float = 0.0             # with event_writes: pause between two writes
+    stream_interval: int = 1             # vLLM --stream-interval: tokens per chunk after the first
     tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
     text_seed: int = 0                   # another text for the same prompt (a canary that differs)
     aliases: list[str] = field(default_factory=list)  # vLLM: more --served-model-name names
@@ -287,7 +288,9 @@ class SimApp:
                            lambda pieces, seq: llamacpp_body(chat, model, job, self.vocab))
             return
         events = OpenAIStream(d.name, chat, model, job, self.vocab, include_usage,
-                              job.continuous_usage and not cfg.no_stream_usage, d.data_prefix)
+                              job.continuous_usage and not cfg.no_stream_usage, d.data_prefix,
+                              interval=max(cfg.stream_interval, job.extras.stream_interval)
+                              if d.name == "vllm" else 1)
         self.names.begin(name)
         try:
             await self.run(req, job, events,

@@ -117,6 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "after the last token, separately); default: all ready events in one write")
     wire.add_argument("--event-gap-ms", type=float, default=0.0,
                       help="with --event-writes: pause between two writes (default 0: just yield)")
+    wire.add_argument("--stream-interval", type=int, default=1,
+                      help="vLLM: a streamed chunk every N tokens after the first (the request's "
+                           "stream_interval can raise it), several tokens to a chunk as vLLM "
+                           "writes them (default 1)")
     wire.add_argument("--max-concurrent-requests", type=int, default=128,
                       help="TGI: 429 'Model is overloaded' past this many requests in flight (default 128)")
     wire.add_argument("--max-input-tokens", type=int,
@@ -174,6 +178,7 @@ def build_config(args: argparse.Namespace):
         max_input_tokens=args.max_input_tokens, no_stream_usage=args.no_stream_usage,
         eos_before_max=args.eos_before_max,
         event_writes=args.event_writes, event_gap_s=max(args.event_gap_ms, 0.0) / 1000.0,
+        stream_interval=max(args.stream_interval, 1),
         tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed,
         aliases=args.alias, lora_modules=_lora_modules(args.lora_modules), max_loras=args.max_loras,
         runtime_lora=args.allow_runtime_lora, runner=args.runner)

@@ -43,6 +43,7 @@ class Extras:
     return_full_text: bool = False       # TGI
     prompt_text: str = ""                # the prompt as text (echo, return_full_text)
     timings_per_token: bool = False      # llama.cpp: timings (predicted_n) on every chunk
+    stream_interval: int = 1             # vLLM: tokens per streamed chunk after the first
 
 
 @dataclass
@@ -224,6 +225,11 @@ def _logprob_options(body: dict[str, Any], chat: bool, stream: bool, dialect: Di
             raise ClientError("`prompt_logprobs` are not available when `stream=True`. (parameter="
                               "prompt_logprobs)", "invalid", "prompt_logprobs")
         extras.include_stop = bool(field(body, "include_stop_str_in_output", bool, dialect, False))
+        extras.stream_interval = field(body, "stream_interval", int, dialect, 1)
+        if extras.stream_interval < 1:
+            raise ClientError(_schema_message(dialect, "stream_interval",
+                                              "greater than or equal to 1",
+                                              extras.stream_interval), "schema", "stream_interval")
     if dialect.name == "sglang":
         extras.include_stop = bool(field(body, "no_stop_trim", bool, dialect, False))
     if not chat and dialect.name in ("vllm", "sglang"):

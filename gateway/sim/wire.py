@@ -10,7 +10,8 @@ engine's own field order:
   ``logprobs``/``top_logprobs``, ``return_token_ids`` (``token_ids``, ``prompt_token_ids`` in
   the first chunk), ``prompt_logprobs`` (``{id: {logprob, rank, decoded_token}}``, the first
   ``null``), ``echo``, stop strings (cut from the text unless ``include_stop_str_in_output``;
-  named in ``stop_reason``), ``n`` (not streamed).
+  named in ``stop_reason``), ``n`` (not streamed), ``stream_interval`` (several tokens to a
+  streamed chunk, their logprobs and token ids together).
 - SGLang: the same logprobs, ``matched_stop`` (the stop string, or the EOS token id),
   ``no_stop_trim``.
 - llama.cpp: ``logprobs.content`` (``{id, token, bytes, logprob, top_logprobs}``), the stop
@@ -198,8 +199,12 @@ class OpenAIStream:
     """The SSE events of one ``/v1/completions`` or ``/v1/chat/completions`` stream."""
 
     def __init__(self, dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
-                 include_usage: bool, continuous_usage: bool, data_prefix: bytes = b"data: ") -> None:
+                 include_usage: bool, continuous_usage: bool, data_prefix: bytes = b"data: ",
+                 interval: int = 1) -> None:
         self.dialect, self.chat, self.model, self.job, self.vocab = dialect, chat, model, job, vocab
+        # vLLM's stream_interval: the first token in a chunk of its own, then a chunk every
+        # `interval` tokens, and the rest with the last (vllm/v1/engine/output_processor.py)
+        self.interval, self.held = interval, []
         self.prompt_tokens, self.n = job.prompt_tokens, job.max_new
         self.include_usage, self.continuous = include_usage, continuous_usage
         self.prefix = data_prefix
@@ -207,7 +212,7 @@ class OpenAIStream:
         self.id = request_id("chatcmpl-" if chat else "cmpl-")
         self.created = int(time.time())
         self.obj = "chat.completion.chunk" if chat else "text_completion"
-        self.plain = _plain(dialect, job)
+        self.plain = _plain(dialect, job) and interval == 1
         self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop)
         self.logprobs = _Logprobs(dialect, job, vocab, job.seed)
         self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
@@ -216,9 +221,12 @@ class OpenAIStream:
         self.parts = _split(self._chunk(_HOLE, None, self.n, None, _HOLE))
         self.last_parts = _split(self._chunk(_HOLE, None, self.n - 1, None, _HOLE))
 
-    def _chunk(self, text: Any, logprobs: Any, k: int, token_id: int | None, usage_now: Any) -> dict[str, Any]:
-        """The event of token ``k`` (``usage_now``: the running usage, when continuous), in
-        the engine's field order."""
+    def _chunk(self, text: Any, logprobs: Any, k: int, token_ids: list[int] | None,
+               usage_now: Any, first: int | None = None) -> dict[str, Any]:
+        """The event of the tokens ``first .. k`` (one token, ``k``, unless ``first`` is
+        given; ``usage_now``: the running usage, when continuous), in the engine's field
+        order."""
+        first = k if first is None else first
         last = k == self.n - 1
         vllm, ids = self.dialect == "vllm", self.job.extras.token_ids
         choice: dict[str, Any] = {"index": 0}
@@ -232,11 +240,11 @@ class OpenAIStream:
         if stop is not None and (last or not (vllm and self.chat)):  # vLLM chat: at the end only
             choice[stop[0]] = stop[1] if last else None
         if vllm and not self.chat:
-            choice["prompt_token_ids"] = self.job.prompt_ids if ids and k == 0 else None
-        elif ids and k == 0:
+            choice["prompt_token_ids"] = self.job.prompt_ids if ids and first == 0 else None
+        elif ids and first == 0:
             choice["prompt_token_ids"] = self.job.prompt_ids
         if vllm or ids:
-            choice["token_ids"] = [token_id] if ids else None
+            choice["token_ids"] = token_ids if ids else None
         chunk: dict[str, Any] = {**self._head(), "choices": [choice]}
         if self.continuous:
             chunk["usage"] = usage_now
@@ -266,9 +274,12 @@ class OpenAIStream:
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
 
     def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
-        """Events for tokens ``start .. start+len(pieces)-1`` (one event per token)."""
+        """Events for tokens ``start .. start+len(pieces)-1`` (one event per token, or per
+        group of ``interval``)."""
+        if self.interval > 1:
+            return b"".join(self._grouped(k, j) for k, j in enumerate(pieces, start))
         if not self.plain:
-            return b"".join(self._rich(k, j) for k, j in enumerate(pieces, start))
+            return b"".join(self._rich(k, [j]) for k, j in enumerate(pieces, start))
         last = self.n - 1
         out = []
         for k, j in enumerate(pieces, start):
@@ -279,13 +290,24 @@ class OpenAIStream:
                 out.append(self.prefix + parts[0] + PIECES_JSON[j] + parts[1] + b"\n\n")
         return b"".join(out)
 
-    def _rich(self, k: int, j: int) -> bytes:
-        piece_text = self.texts[k]
-        if k == 0 and self.job.extras.echo:
-            piece_text = self.job.extras.prompt_text + piece_text
-        logprobs = self.logprobs.of(k, [j], self.offset, self.chat)
-        self.offset += len(piece_text)
-        chunk = self._chunk(piece_text, logprobs, k, self.vocab.id(j), usage(self.prompt_tokens, k + 1))
+    def _grouped(self, k: int, j: int) -> bytes:
+        """Token ``k`` held until its group is complete (as vLLM decides after each step)."""
+        self.held.append(j)
+        if len(self.held) < self.interval and k != len(self.held) - 1 and k != self.n - 1:
+            return b""
+        group, self.held = self.held, []
+        return self._rich(k - len(group) + 1, group)
+
+    def _rich(self, first: int, pieces: list[int]) -> bytes:
+        """One event for the tokens ``first ..`` (``pieces``), built as a dict."""
+        k = first + len(pieces) - 1
+        text = "".join(self.texts[first:k + 1])
+        if first == 0 and self.job.extras.echo:
+            text = self.job.extras.prompt_text + text
+        logprobs = self.logprobs.of(first, pieces, self.offset, self.chat)
+        self.offset += len(text)
+        chunk = self._chunk(text, logprobs, k, [self.vocab.id(j) for j in pieces],
+                            usage(self.prompt_tokens, k + 1), first)
         return self.prefix + orjson.dumps(chunk) + b"\n\n"
 
     def close(self, generated: int) -> bytes:

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 import text_generation
 import text_generation.errors as tgi_errors
@@ -372,3 +373,30 @@ def test_greedy_tgi_request_on_vllm_returns_the_direct_openai_text(
     direct = openai.OpenAI(base_url=replica + "/v1", api_key="unused").completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     assert through == direct
+
+
+def test_tgi_stream_over_vllm_chunks_of_several_tokens(tmp_path: Path, model_dir: Path) -> None:
+    """vLLM with --stream-interval 4 writes the first token alone, then four to a chunk (text,
+    logprobs and token_ids of all four): a TGI client still gets one event per token, the
+    same ids, texts and logprobs as from a vLLM writing one token a chunk."""
+    args = ("--tokenizer", str(model_dir), *PACED)
+    with sim("vllm", MODEL, 4096, *args) as one, \
+            sim("vllm", MODEL, 4096, *args, "--stream-interval", "4") as grouped:
+        chunks = httpx.post(grouped + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": PROMPT, "max_tokens": 10, "stream": True, "logprobs": 1,
+            "return_token_ids": True}).text.split("\n\n")
+        sizes = [len(orjson.loads(c[6:])["choices"][0]["token_ids"]) for c in chunks
+                 if c.startswith("data: {")]
+        assert sizes == [1, 4, 4, 1]
+        streams = []
+        for replica in (one, grouped):
+            config = _config([{"url": replica, "engine": "vllm"}], model_dir)
+            with gateway_server(tmp_path, config) as (url, _):
+                client = text_generation.Client(url, timeout=30)
+                events = list(client.generate_stream(PROMPT, max_new_tokens=10,
+                                                     top_n_tokens=2))
+                streams.append([(e.token.id, e.token.text, e.token.logprob,
+                                 [(t.id, t.text) for t in e.top_tokens or []]) for e in events])
+                assert events[-1].details.generated_tokens == 10
+                assert events[-1].generated_text == "".join(e.token.text for e in events)
+        assert len(streams[1]) == 10 and streams[1] == streams[0]

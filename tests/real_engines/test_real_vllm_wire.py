@@ -403,6 +403,9 @@ def test_bench_through_the_gateway_and_straight_to_the_engine(
 VLLM_SHAPE_REQUESTS = {**SHAPE_REQUESTS, "completion stream logprobs+token ids": (
     "/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 6, "stream": True,
                         "logprobs": 2, "return_token_ids": True}),
+    "completion stream, 4 tokens a chunk": ("/v1/completions", {
+        "prompt": "The quick brown fox", "max_tokens": 10, "stream": True, "logprobs": 1,
+        "return_token_ids": True, "stream_interval": 4, "ignore_eos": True}),
     # 903 prompt tokens: 0.32 answers 200 with max_tokens cut to the 121 left
     "output past the window": ("/v1/completions", {"prompt": "word " * 450, "max_tokens": 200}),
     "nothing left for output": ("/v1/completions", {"prompt": [5] * 1024, "max_tokens": 10})}
@@ -421,6 +424,27 @@ def simulated_vllm(tiny_model: Path, adapters: dict[str, Path]) -> Iterator[str]
 def test_the_simulator_answers_in_the_engines_shapes(engine: Engine, simulated_vllm: str,
                                                      name: str) -> None:
     assert same_shapes(engine.url, simulated_vllm, *VLLM_SHAPE_REQUESTS[name]) == []
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "The quick brown fox", "logprobs": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True}),
+])
+def test_the_simulator_groups_tokens_in_chunks_as_the_engine_does(
+        engine: Engine, simulated_vllm: str, path: str, body: dict[str, Any]) -> None:
+    """`stream_interval` 4: the first token in a chunk of its own, then four to a chunk, the
+    rest with the last; each chunk's logprobs cover its tokens."""
+    body = {**body, "model": "tiny", "max_tokens": 10, "stream": True, "stream_interval": 4,
+            "ignore_eos": True}
+
+    def sizes(url: str) -> list[int]:
+        chunks = [orjson.loads(e[6:]) for e in _events(_post(url, path, body).content)
+                  if e.startswith(b"data: {")]
+        logprobs = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
+        return [len(lp["content"] if "content" in lp else lp["tokens"])
+                for lp in logprobs if lp]
+
+    assert sizes(engine.url) == sizes(simulated_vllm) == [1, 4, 4, 1]
 
 
 def test_the_simulator_lists_its_model_and_metrics_as_the_engine_does(
