@@ -293,7 +293,8 @@ class OpenAIStream:
     def _grouped(self, k: int, j: int) -> bytes:
         """Token ``k`` held until its group is complete (as vLLM decides after each step)."""
         self.held.append(j)
-        if len(self.held) < self.interval and k != len(self.held) - 1 and k != self.n - 1:
+        nothing_sent = k == len(self.held) - 1  # every token so far is held
+        if len(self.held) < self.interval and not nothing_sent and k != self.n - 1:
             return b""
         group, self.held = self.held, []
         return self._rich(k - len(group) + 1, group)
