@@ -322,19 +322,16 @@ def test_engine_signals_read_from_the_real_metrics(gateway: str) -> None:
             t.join(60)
 
 
-def test_client_disconnect_frees_the_engine(gateway: str, engine: Engine) -> None:
-    """A client that leaves after its first token: the engine stops generating for it (vLLM
-    aborts the request) instead of writing all 1,000 tokens. Read from the engine's token
-    counter, which settles, not from its running gauge, which follows the engine core's
-    stats and lagged by seconds on a loaded machine (it never showed the request once)."""
+def _generated_after_leaving(gateway: str, engine: Engine) -> float:
+    """Tokens the engine generated for a 1,000-token stream whose client left at its first
+    token: read from the engine's token counter once it has not moved for a second (not
+    from its running gauge, which follows the engine core's stats and lags under load)."""
     generated = lambda: engine.metric("vllm:generation_tokens_total")  # noqa: E731
     before = generated()
     with httpx.stream("POST", gateway + "/v1/completions", timeout=60, json={
             "model": "tiny", "prompt": "a long one", "max_tokens": 1000, "stream": True,
             "ignore_eos": True}) as response:
         assert next(response.iter_lines()).startswith("data: ")
-    # The tiny model writes a few hundred tokens a second: left running, it would write all
-    # 1,000 within about 5 s. Wait until the counter has not moved for a second.
     deadline, last, still_since = time.monotonic() + 20, -1.0, time.monotonic()
     while time.monotonic() - still_since < 1.0:
         assert time.monotonic() < deadline, "the engine's token counter never settled"
@@ -342,7 +339,20 @@ def test_client_disconnect_frees_the_engine(gateway: str, engine: Engine) -> Non
         if now != last:
             last, still_since = now, time.monotonic()
         time.sleep(0.05)
-    assert 1 <= last - before < 500, last - before
+    return last - before
+
+
+def test_client_disconnect_frees_the_engine(gateway: str, engine: Engine) -> None:
+    """A client that leaves after its first token: the engine stops generating for it (vLLM
+    aborts the request) instead of writing all 1,000 tokens. The tiny model writes 1,000 in
+    about 2.5 s, and on a CPU-starved machine vLLM's API server can hand out the first token
+    only after its engine core wrote them all (seen straight to the engine too, no gateway
+    between), so a try can prove nothing: up to five tries, one must stop early. Without the
+    gateway's cancel on disconnect every try writes all 1,000."""
+    tries = []
+    while len(tries) < 5 and (not tries or tries[-1] >= 500):
+        tries.append(_generated_after_leaving(gateway, engine))
+    assert 1 <= tries[-1] < 500, tries
     assert engine.metric("vllm:num_requests_running") == 0
 
 
