@@ -230,7 +230,8 @@ def start_vllm(python: str, model_dir: str, log: Path) -> tuple[subprocess.Popen
            "--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
            "--dtype", "float32", "--port", str(port)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

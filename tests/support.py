@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
@@ -63,6 +63,17 @@ def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = 
             last = exc
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
+               what: str = "the condition", every: float = 0.05) -> float:
+    """Poll ``predicate`` until it holds (bounded by ``timeout``); the seconds it took."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(every)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager

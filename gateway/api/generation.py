@@ -22,7 +22,6 @@ from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, Generati
 
 if TYPE_CHECKING:
     from gateway.access.control import AccessControl
-    from gateway.access.keys import ApiKey
     from gateway.config import Settings
     from gateway.dataplane.admission import Admitter
     from gateway.dataplane.attempts import Attempts

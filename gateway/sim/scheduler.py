@@ -15,11 +15,14 @@ as vLLM does. With a prefix cache, full prompt blocks seen before skip their pre
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Any, Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence as Seq
 
 from gateway.sim.metrics import Meter
 from gateway.sim.profiles import Profile
+
+if TYPE_CHECKING:  # only the HTTP side's waiter; the model itself never awaits
+    import asyncio
 
 
 @dataclass(eq=False, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import httpx
 import openai
@@ -20,19 +20,12 @@ from gateway.canary.agreement import TextCollector, is_greedy
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from scrape import by_label, metric_sum
-from support import free_port, gateway_server, sim
+from support import free_port, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "shadow-admin-token"
 PACED = ("--profile", "paced", "--ttft-ms", "5", "--itl-ms", "2")
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.05)
 
 
 def engine_successes(url: str) -> float:
@@ -120,8 +113,8 @@ def test_every_primary_has_its_twin_and_agreement_is_measured(shadowed, engines)
     texts = _traffic(shadowed)
     sent = PER_ROUND * TAKES
     assert len(texts) == sent and all(texts)
-    wait_for(lambda: all(_ended(report(shadowed)["pools"].get(p, {})) == sent
-                         for p in ("same", "other")))
+    wait_until(lambda: all(_ended(report(shadowed)["pools"].get(p, {})) == sent
+                           for p in ("same", "other")), 20, "every shadow copy ended")
     # The engines' own counters: every request reached stable and both shadows once.
     after = {name: engine_successes(url) for name, url in engines.items()}
     assert {name: after[name] - before[name] for name in engines} == {
@@ -145,7 +138,7 @@ def test_every_primary_has_its_twin_and_agreement_is_measured(shadowed, engines)
                   result="disagreed") >= sent
     assert series(shadowed, "llm_gateway_shadow_pairs_total", pool="same",
                   result="disagreed") == 0
-    wait_for(lambda: not any(ledger(shadowed).values()), timeout=10)
+    wait_until(lambda: not any(ledger(shadowed).values()), timeout=10)
     assert set(ledger(shadowed)) == {"stable-1", "same-1", "other-1"}
     assert httpx.get(shadowed + "/admin/runtime", headers=AUTH).json()["shadow_in_flight"] == 0
 
@@ -212,7 +205,7 @@ def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_
                           status="5xx") > 0
             # The shadows: the slow pool held the in-flight limit, so copies were skipped.
             assert series(url, "llm_gateway_shadow_skipped_total", reason="in_flight_limit") > 0
-            wait_for(lambda: not any(ledger(url).values()), timeout=30)
+            wait_until(lambda: not any(ledger(url).values()), timeout=30)
             runtime = httpx.get(url + "/admin/runtime", headers=AUTH).json()
             assert runtime["shadow_in_flight"] == 0 and runtime["active_requests"] == 0
             pools = report(url)["pools"]
@@ -273,7 +266,8 @@ def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
                 served.add(response.headers["x-gateway-replica"])
                 time.sleep(0.05)  # the copy has been placed by now
             assert len(served) == 1, (session, served)
-        wait_for(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20)
+        wait_until(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20, 20,
+                   "all 20 pairs compared")
 
 
 def test_streamed_pairs_are_compared_when_the_primary_ends_at_once(tmp_path) -> None:
@@ -300,8 +294,8 @@ def test_streamed_pairs_are_compared_when_the_primary_ends_at_once(tmp_path) -> 
                             "cuts": [], "gaps": []}}
                 answer = client.post(url + "/v1/completions", json=body)
                 assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
-            wait_for(lambda: _ended(report(url)["pools"].get("copy", {})) == requests,
-                     timeout=10)
+            wait_until(lambda: _ended(report(url)["pools"].get("copy", {})) == requests,
+                       timeout=10)
             pool = report(url)["pools"]["copy"]
             assert pool["compared"] == requests and pool["agreement"] == 1.0, pool
-            wait_for(lambda: not any(ledger(url).values()), timeout=10)
+            wait_until(lambda: not any(ledger(url).values()), timeout=10)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gateway.api.client_connection import SlowClient, cancel_on_disconnect, read_body
-from support import uvicorn_in_thread
+from support import uvicorn_in_thread, wait_until
 
 
 class Recorder:
@@ -54,28 +54,21 @@ def post(port: int, body: bytes, length: int | None = None) -> socket.socket:
     return sock
 
 
-def wait_for(outcomes: list[str], n: int) -> None:
-    deadline = time.monotonic() + 5
-    while len(outcomes) < n:
-        assert time.monotonic() < deadline, outcomes
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("http", ["httptools", "h11"])
 def test_a_client_that_leaves_cancels_its_request_and_a_slow_body_is_refused(http: str) -> None:
     app = Recorder()
     with uvicorn_in_thread(app, http=http, lifespan="off") as port:
         with post(port, b"wait") as sock:
             time.sleep(0.2)  # inside the block by now
-        wait_for(app.outcomes, 2)
+        wait_until(lambda: len(app.outcomes) >= 2, 5, "outcome 2")
         assert app.outcomes == ["cancelled, gone", "swallowed"]
 
         with post(port, b"half", length=100) as sock:  # the rest never comes
-            wait_for(app.outcomes, 3)
+            wait_until(lambda: len(app.outcomes) >= 3, 5, "outcome 3")
             assert app.outcomes[2] == "slow"
             assert sock.recv(100).startswith(b"HTTP/1.1 408")
 
         with post(port, b"answer") as sock:  # a body all in at once, answered in full
             assert sock.recv(100).startswith(b"HTTP/1.1 200")
-        wait_for(app.outcomes, 4)
+        wait_until(lambda: len(app.outcomes) >= 4, 5, "outcome 4")
         assert app.outcomes[3] == "answered"

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from gateway.config import ConfigError, DnsConfig, load_settings
 from gateway.fleet.dns_discovery import DnsResolver
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_until
 
 NAME = "engines.llm.test"
 MODEL = "sim-model"
@@ -91,15 +91,6 @@ def port_free_on_every_host() -> int:
         except OSError:
             continue
     raise RuntimeError("no port free on every loopback host")
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def fleet(gateway: str) -> dict[str, dict]:
@@ -181,15 +172,15 @@ def test_replicas_join_and_drain_as_the_answers_change_and_no_request_is_lost(
                                                                           "healthy"}
             # A long stream on the only replica; then the answer moves to the two others.
             long_stream = pool.submit(stream, gateway, 250)  # ~2.5 s of tokens
-            wait_for("the long stream in flight",
-                     lambda: fleet(gateway)[name[HOSTS[0]]]["in_flight"] == 1)
+            wait_until(lambda: fleet(gateway)[name[HOSTS[0]]]["in_flight"] == 1, 15,
+                       "the long stream in flight")
             traffic = Traffic(gateway)
             try:
                 answers.set(NAME, list(HOSTS[1:]))
-                wait_for("new addresses joined, the vanished one draining", lambda: {
-                    n: r["state"] for n, r in fleet(gateway).items()} == {
+                wait_until(lambda: {n: r["state"] for n, r in fleet(gateway).items()} == {
                     name[HOSTS[0]]: "draining", name[HOSTS[1]]: "healthy",
-                    name[HOSTS[2]]: "healthy"})
+                    name[HOSTS[2]]: "healthy"}, 15,
+                    "new addresses joined, the vanished one draining")
                 drain_seen = time.monotonic()
                 joined = fleet(gateway)
                 # They joined after discovery (the window) and a health check.
@@ -197,19 +188,19 @@ def test_replicas_join_and_drain_as_the_answers_change_and_no_request_is_lost(
                 # The draining replica's stream runs to its end; then it is removed.
                 assert not long_stream.done()
                 assert long_stream.result(timeout=30) == (name[HOSTS[0]], 250)
-                wait_for("the drained replica removed",
-                         lambda: name[HOSTS[0]] not in fleet(gateway))
+                wait_until(lambda: name[HOSTS[0]] not in fleet(gateway), 15,
+                           "the drained replica removed")
                 removed_first = time.monotonic()
                 # One more leaves; then the first address comes back.
                 answers.set(NAME, [HOSTS[2]])
-                wait_for("the second address removed", lambda: set(fleet(gateway)) == {
-                    name[HOSTS[2]]})
+                wait_until(lambda: set(fleet(gateway)) == {name[HOSTS[2]]}, 15,
+                           "the second address removed")
                 second_gone = time.monotonic()
                 first_back = time.monotonic()
                 answers.set(NAME, [HOSTS[0], HOSTS[2]])
-                wait_for("the first address back", lambda: {
-                    n: r["state"] for n, r in fleet(gateway).items()} == {
-                    name[HOSTS[0]]: "healthy", name[HOSTS[2]]: "healthy"})
+                wait_until(lambda: {n: r["state"] for n, r in fleet(gateway).items()} == {
+                    name[HOSTS[0]]: "healthy", name[HOSTS[2]]: "healthy"}, 15,
+                    "the first address back")
                 rejoined = time.monotonic()
                 time.sleep(1.0)  # traffic reaches it again
             finally:

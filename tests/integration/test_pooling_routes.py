@@ -5,7 +5,6 @@ the ledger ends at zero."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx

@@ -29,7 +29,7 @@ import yaml
 from gateway.balance.redis_ledger import parse_load
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
 from scrape import samples
-from support import ROOT, free_port, running, sim, wait_ready
+from support import ROOT, free_port, running, sim, wait_ready, wait_until
 
 MODEL = "sim-model"
 # Each streamed token takes 10 ms: a request for N tokens stays in flight ~N/100 s.
@@ -69,14 +69,9 @@ def view(url: str) -> dict[str, float]:
     return scrape(url, "llm_gateway_shared_view_outstanding_tokens")
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = BOUND_SLACK) -> float:
-    """Poll until ``condition`` holds; returns the seconds it took (fails past ``timeout``)."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - started
+def wait_for(condition: Callable[[], bool]) -> float:
+    """The seconds until ``condition`` holds, polled finely (some tests report them)."""
+    return wait_until(condition, BOUND_SLACK, every=0.02)
 
 
 def shared_totals(client: redis.Redis, prefix: str) -> dict[str, list[int]]:

@@ -13,7 +13,7 @@ from typing import Iterator
 import httpx
 
 from scrape import metric_sum
-from support import StreamInThread, free_port, gateway_server, running, sim
+from support import StreamInThread, free_port, gateway_server, running, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "admin-secret"
@@ -27,14 +27,6 @@ def config(replicas: list[dict], **settings: object) -> dict:
 
 def replicas_of(gw: str) -> dict[str, dict]:
     return {r["name"]: r for r in httpx.get(gw + "/admin/replicas", headers=ADMIN).json()["replicas"]}
-
-
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def settled(gw: str) -> None:

@@ -12,7 +12,6 @@ gateway's own drain on SIGTERM. After each, every replica's ledger is back at ze
 from __future__ import annotations
 
 import signal
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 
 from engines import Engine, VllmSpec, restart, vllms
 from scrape import by_label
-from support import StreamInThread, gateway_server
+from support import StreamInThread, gateway_server, wait_until
 from tiny_model import write_lora
 
 ADMIN = {"authorization": "Bearer real"}
@@ -50,13 +49,6 @@ class Stream(StreamInThread):
 def replicas(gateway: str) -> dict[str, dict]:
     answer = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"]
     return {r["name"]: r for r in answer}
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def ledger_settles(gateway: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import httpx
@@ -34,10 +33,3 @@ def replica(request: pytest.FixtureRequest) -> Callable[..., str]:
 def state(base: str) -> dict[str, Any]:
     return httpx.get(f"{base}/sim/state").json()
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)

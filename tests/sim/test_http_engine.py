@@ -10,8 +10,8 @@ import pytest
 import text_generation
 import text_generation.errors
 
-from tests.sim.conftest import FAST, state, wait_for
-from tests.support import free_port, running
+from tests.sim.conftest import FAST, state
+from tests.support import free_port, running, wait_until
 
 LONG = {"prompt": "hello", "max_tokens": 3000}
 
@@ -30,13 +30,13 @@ def test_disconnect_frees_slot_and_kv(replica) -> None:
         next(chunks)
         s = state(base)
         assert s["running"] == 1 and s["kv_used_tokens"] > 0
-    wait_for(lambda: state(base)["running"] == 0)
+    wait_until(lambda: state(base)["running"] == 0)
     s = state(base)
     assert s["kv_used_tokens"] == 0 and s["aborted_total"] == 1 and s["in_flight"] == 0
     assert abort_count(base) == 1
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up while it waits
         httpx.post(f"{base}/v1/completions", json=LONG, timeout=0.3)
-    wait_for(lambda: state(base)["aborted_total"] == 2)
+    wait_until(lambda: state(base)["aborted_total"] == 2)
     assert state(base)["kv_used_tokens"] == 0 and abort_count(base) == 2
 
 
@@ -55,14 +55,14 @@ def test_requests_queue_when_kv_is_full(replica) -> None:
         seen.append(state(base))
         return seen[-1]["waiting"] >= 1
 
-    wait_for(queued)  # prompts of ~200 tokens: only two fit in 600 tokens of KV
+    wait_until(queued)  # prompts of ~200 tokens: only two fit in 600 tokens of KV
     assert all(s["running"] <= 2 and s["kv_used_tokens"] <= 601 for s in seen)
 
     def gauge_shows_queue() -> bool:
         text = httpx.get(f"{base}/metrics").text
         return 'vllm:num_requests_waiting{model_name="sim-model",engine="0"} 1.0' in text
 
-    wait_for(gauge_shows_queue)
+    wait_until(gauge_shows_queue)
     httpx.post(f"{base}/sim/faults", json={"slowdown": 0.01})  # finish quickly
     for t in threads:
         t.join()
@@ -109,7 +109,7 @@ def test_runtime_faults(replica) -> None:
     assert got.count(b"data: {") == 2
     httpx.post(f"{base}/sim/faults", json={"stall_after": None})
     assert c.completions.create(model="sim-model", prompt="hi", max_tokens=2).usage.completion_tokens == 2
-    wait_for(lambda: state(base)["in_flight"] == 0)
+    wait_until(lambda: state(base)["in_flight"] == 0)
 
 
 def test_fault_flags_at_start_in_tgi_shape() -> None:

@@ -11,7 +11,8 @@ import text_generation.errors
 from huggingface_hub import InferenceClient
 from huggingface_hub import errors as hf_errors
 
-from tests.sim.conftest import FAST, state, wait_for
+from tests.sim.conftest import FAST, state
+from tests.support import wait_until
 
 
 def test_huggingface_hub_text_generation(replica) -> None:
@@ -75,7 +76,7 @@ def test_overloaded(replica) -> None:
 
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
-    wait_for(lambda: state(base)["in_flight"] == 1)
+    wait_until(lambda: state(base)["in_flight"] == 1)
     c = text_generation.Client(base)
     with pytest.raises(text_generation.errors.OverloadedError):
         c.generate("hi", max_new_tokens=1)
