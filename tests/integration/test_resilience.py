@@ -157,11 +157,13 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_requests(tmp_path: Pat
     with sim("vllm", MODEL, 4096, *slow) as a, sim("tgi", MODEL, 4096, *slow) as b:
         reps = [{"url": a, "engine": "vllm", "name": "a"}, {"url": b, "engine": "tgi", "name": "b"}]
         with gateway_server(tmp_path, config(reps, drain_timeout=20)) as (gw, proc):
-            streams = [Stream(gw, 40) for _ in range(6)] + [Stream(gw, 40, "tgi") for _ in range(2)]
+            # 120 tokens at 30 ms: the drain lasts seconds, time for the refusals below on a
+            # loaded machine too (once the streams end the gateway exits).
+            streams = [Stream(gw, 120) for _ in range(6)] + [Stream(gw, 120, "tgi") for _ in range(2)]
             for s in streams:
                 assert s.started.wait(10)
             proc.send_signal(signal.SIGTERM)
-            wait_until(lambda: httpx.get(gw + "/ready").status_code == 503, 2, "/ready 503")
+            wait_until(lambda: httpx.get(gw + "/ready").status_code == 503, 3, "/ready 503")
             refused = httpx.post(gw + "/v1/completions",
                                  json={"model": MODEL, "prompt": "x", "max_tokens": 2})
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
