@@ -16,7 +16,7 @@ from text_generation.errors import ValidationError as TGIValidationError
 
 from gateway.tokens import ModelTokenizer
 from scrape import by_label
-from support import free_port, gateway_server, sim
+from support import free_port, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 GATEWAY_WINDOW = 2048  # below the replicas' 4096: only the gateway can reject in between
@@ -283,7 +283,10 @@ def test_windows_are_discovered_and_long_requests_go_where_they_fit(
                     {"url": small2, "engine": "sglang", "name": "small2"}]
         with gateway(tmp_path, replicas, model={"tokenizer": str(model_dir)}) as gw:
             client = openai.OpenAI(base_url=gw + "/v1", api_key="unused", max_retries=0)
-            assert client.models.list().data[0].model_extra["max_model_len"] == 2048
+            # Discovered by the health checker's probes: the first can time out (1 s) on a
+            # loaded machine, and the next, half a second on, finds it.
+            wait_until(lambda: client.models.list().data[0].model_extra["max_model_len"] == 2048,
+                       10, "the largest window listed")
             prompt = "hello " * 1200
             n = tokenizer.count_text(prompt)
             assert 1024 < n < 2048
