@@ -216,7 +216,9 @@ def test_redis_killed_and_restarted_mid_run_fails_no_request(tmp_path, replicas)
                     wait_for(lambda: scrape(a, up)[""] == scrape(b, up)[""] == 0)
                     # Down past the peer TTL: each balances on its own load. A long request
                     # through A now is invisible to B until Redis is back.
-                    long = Stream(a, max_tokens=600)
+                    # 1,200 tokens at 10 ms: still running (its load >= 300) long after
+                    # Redis is back, however slowly a loaded machine restarts it.
+                    long = Stream(a, max_tokens=1200)
                     time.sleep(1.5)
                     assert view(b)[long.replica] < 600
                     server.start()  # empty: nothing persisted
