@@ -242,6 +242,7 @@ class GatewayMetrics:
         self._bound: dict[tuple[str, Api, str, str, str], RequestMetrics] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
+        self._replica_snapshot: list[Sample] = []  # taken on the event loop for each scrape
         self._replicas: Callable[[], Iterable[Replica]] = lambda: ()
         self._zeroed: set[str] = set()  # replicas whose error/retry series exist
         self._gauges: dict[str, Gauge] = {}
@@ -347,7 +348,7 @@ class GatewayMetrics:
                                              registry=self.registry)
                             for spec in REPLICA_GAUGES}
         else:
-            self.registry.register(_ReplicaGaugeCollector(self._replica_source))
+            self.registry.register(_ReplicaGaugeCollector(lambda: self._replica_snapshot))
 
     def publish_replica_gauges(self) -> None:
         """Multiprocess mode: write this worker's per-replica values to its files."""
@@ -365,11 +366,26 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         """The text of one scrape: this process's metrics, or all workers' in multiprocess mode."""
+        self._read_gateway_state()
+        return generate_latest(self._exposed)
+
+    async def scrape(self) -> bytes:
+        """``exposition()`` with the text rendered in a worker thread. prometheus-client
+        takes 25-40 µs a line, and a fleet's /metrics has thousands (eight replicas that
+        served five routes: 750 kB, 110 ms); on the event loop no stream would move
+        meanwhile (benchmarks/scrape_stall.py). What the gateway's own objects say is read
+        first, on the loop; the metrics themselves are thread-safe (prometheus-client locks
+        them)."""
+        self._read_gateway_state()
+        return await asyncio.to_thread(generate_latest, self._exposed)
+
+    def _read_gateway_state(self) -> None:
         if self.multiprocess:
             self.publish_replica_gauges()
         else:
             self._replica_series_at_zero()
-        return generate_latest(self._exposed)
+            if self._replica_source is not None:
+                self._replica_snapshot = list(self._replica_source())
 
     def close(self) -> None:
         """Multiprocess mode: this worker is stopping; its live gauges leave the sums."""
@@ -408,6 +424,9 @@ class NullMetrics:
         return self._null
 
     def exposition(self) -> bytes:
+        return b""
+
+    async def scrape(self) -> bytes:
         return b""
 
     def __getattr__(self, name: str) -> Callable[..., None]:

@@ -48,5 +48,5 @@ async def ready(request: Request) -> Response:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """This process's metrics; under --workers N, the totals of all workers."""
-    return Response(request.app.state.gateway.metrics.exposition(),
+    return Response(await request.app.state.gateway.metrics.scrape(),
                     media_type=CONTENT_TYPE_LATEST)

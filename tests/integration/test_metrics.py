@@ -87,6 +87,39 @@ def test_replica_gauges_show_own_load_and_one_hot_state() -> None:
     assert total(samples, "llm_gateway_queue_time_seconds_sum") == 0.25
 
 
+async def test_a_scrape_renders_off_the_event_loop_what_the_loop_saw() -> None:
+    """/metrics renders in a worker thread (thousands of lines take tens of ms, during which
+    no stream on the loop would move); the replicas' own state is read on the loop first,
+    as it stood when the scrape came."""
+    import threading
+
+    from prometheus_client.registry import Collector
+
+    class RecordsItsThread(Collector):
+        def collect(self):  # noqa: ANN201
+            threads.append(threading.current_thread())
+            return []
+
+    threads: list[threading.Thread] = []
+    metrics = GatewayMetrics()
+    metrics.registry.register(RecordsItsThread())
+    replica = Replica("r1", "http://127.0.0.1:1", "vllm", "m", "stable")
+    ledger = InProcessLedger()
+    metrics.watch_replicas(lambda: [replica], ledger)
+    lease = ledger.lease("r1", 100, 20)
+    text = await metrics.scrape()
+    lease.close()
+    assert threads and threading.main_thread() not in threads
+    samples = parse(text.decode())
+    assert total(samples, "llm_gateway_replica_outstanding_tokens", replica="r1") == 120
+    assert total(samples, "llm_gateway_retries_total", replica="r1", kind="http_5xx") == 0
+    assert total(parse(metrics.exposition().decode()),
+                 "llm_gateway_replica_outstanding_tokens", replica="r1") == 0
+    assert total(parse((await metrics.scrape()).decode()),
+                 "llm_gateway_replica_outstanding_tokens", replica="r1") == 0
+    assert await NullMetrics().scrape() == b""
+
+
 def test_configured_label_sets_start_at_zero_replicas_added_later_too() -> None:
     metrics = GatewayMetrics()
     replicas = [Replica("r1", "http://127.0.0.1:1", "vllm", "m", "stable")]
