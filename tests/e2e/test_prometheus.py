@@ -202,12 +202,14 @@ def panel_values(prom: str) -> dict[tuple[str, str, str], list[float]]:
 
 def steady(prom: str, read: Callable[[], T]) -> T:
     """``read()``, taken again (bounded) if a scrape failed while it ran. The test scrapes
-    every second, so a scrape times out after one: on a loaded machine one can, and Prometheus
-    then marks every series of that target stale until the next, so a reading taken meanwhile
-    sees them vanish. Real panels that lack a number lack it in every reading."""
+    every second, so a scrape times out after one: on a loaded machine several in a row can,
+    and Prometheus marks every series of that target stale until one succeeds, so a reading
+    taken meanwhile sees them vanish. Real panels that lack a number lack it in every
+    reading."""
     for _ in range(5):
         start = time.monotonic()
         got = read()
+        time.sleep(1)  # a scrape running during the reading has failed or not by now
         window = math.ceil(time.monotonic() - start) + 2  # and the scrape just before it
         failed = query(prom, f"min_over_time(up[{window}s]) == 0")
         if not failed:
