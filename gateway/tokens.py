@@ -118,6 +118,11 @@ class ModelTokenizer:
         # Tokens the post-processor adds with add_special_tokens=True (e.g. BOS).
         self.added_by_post_processor = len(tokenizer.encode("", add_special_tokens=True).ids)
         self._special_ids: frozenset[int] | None = None
+        # Counting needs no offsets: encode_batch_fast skips them (the same ids, 1.2-3x
+        # faster) and, unlike encode, lets go of the GIL while it works, so a long prompt
+        # counted in a worker thread leaves the event loop free. (Older tokenizers: without
+        # _fast.)
+        self._encode_many = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelTokenizer":
@@ -141,7 +146,7 @@ class ModelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def count_text(self, text: str, add_special_tokens: bool = True) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        return len(self._encode_many([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -6,7 +6,8 @@ The rule is the engines' own: reject ``prompt + max_tokens > window``, and
 ``prompt >= window`` when ``max_tokens`` is absent. The prompt is counted exactly (the model's
 tokenizer and chat template) only when a cheap upper bound cannot already prove the request
 fits every candidate; below that bound the ledger uses an estimate of
-``ceil(bytes / ESTIMATED_BYTES_PER_TOKEN)``.
+``ceil(bytes / ESTIMATED_BYTES_PER_TOKEN)``. A long request (``COUNT_OFF_LOOP_BYTES``) is
+counted in a worker thread before admission (``Admitter.prepare``), never on the event loop.
 
 Without a tokenizer the gateway cannot count, so it only rejects what needs no count
 (``max_tokens`` larger than every window) and lets the engine judge the rest: an engine's own
@@ -15,6 +16,7 @@ context 400 reaches the client in the client's shape with ``code: context_length
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable
 
@@ -33,6 +35,10 @@ from gateway.protocol.translate import servable
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
 ESTIMATED_BYTES_PER_TOKEN = 4
+# A request body this long is tokenized in a worker thread, not on the event loop: counting
+# takes about 1 µs a character (a 1 MB prompt: a second), and on the loop no stream would
+# move meanwhile. The tokenizer lets go of the GIL while it encodes.
+COUNT_OFF_LOOP_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -166,11 +172,13 @@ def admit(model: ServedModel, request: GenerationRequest,
             return Admission(cost, fitting, False)
         return Admission(cost, candidates, False)
 
-    bound = max(p.upper_bound(tokenizer) for p in prompts)
-    if all(_fits(model, r, bound, max_tokens) for r in candidates):
-        return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens, *affinity),
-                         candidates, False)
-    counts = [p.count(tokenizer) for p in prompts]
+    counts = request.prompt_counts
+    if counts is None:
+        bound = max(p.upper_bound(tokenizer) for p in prompts)
+        if all(_fits(model, r, bound, max_tokens) for r in candidates):
+            return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens,
+                                         *affinity), candidates, False)
+        counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
     if not fitting and model.cap_output and max_tokens:
@@ -181,6 +189,19 @@ def admit(model: ServedModel, request: GenerationRequest,
         limit = max(windows) if windows else longest
         raise ContextLengthExceeded(limit, longest, max_tokens, request.api, request.is_chat)
     return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)
+
+
+def exact_counts(model: ServedModel, name: str, request: GenerationRequest) -> list[int] | None:
+    """The prompts' exact token counts if ``admit`` would need them for a replica serving
+    ``name`` (None: no tokenizer, or the one-token-per-byte bound fits every such replica)."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        return None
+    prompts = _prompts(request, tokenizer)
+    bound = max(p.upper_bound(tokenizer) for p in prompts)
+    if all(_fits(model, r, bound, request.max_tokens) for r in model.replicas_for(name)):
+        return None
+    return [p.count(tokenizer) for p in prompts]
 
 
 class Admitter:
@@ -199,9 +220,11 @@ class Admitter:
 
     def prepare(self, request: GenerationRequest) -> Awaitable[None] | None:
         """What admission must know first and may have to wait for, to be awaited before
-        ``admit``: an adapter to load at run time, or the replica that stored the Response
-        the request continues. None (nothing to wait for) for every other request."""
-        if request.previous_response_id is None and request.model not in self.loadable:
+        ``admit``: an adapter to load at run time, the replica that stored the Response the
+        request continues, or a long prompt's token count (taken in a worker thread). None
+        (nothing to wait for) for every other request."""
+        if (request.previous_response_id is None and request.model not in self.loadable
+                and len(request.raw) < COUNT_OFF_LOOP_BYTES):
             return None
         return self._prepare(request)
 
@@ -214,6 +237,9 @@ class Admitter:
             if home is None:
                 raise ResponseNotFound(previous)
             request.pinned = home
+        if len(request.raw) >= COUNT_OFF_LOOP_BYTES:  # after the adapter: its name resolves
+            model, name = self.resolve(request.model, request.api)
+            request.prompt_counts = await asyncio.to_thread(exact_counts, model, name, request)
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The model serving ``name`` (see ``resolve``)."""

@@ -46,6 +46,7 @@ class GenerationRequest:
     pooling: bool = False  # generates nothing (embeddings, score, tokenize ...): no output cost
     previous_response_id: str | None = None  # Responses API: continues a stored response
     pinned: str | None = None  # the one replica that may serve it (where that response lives)
+    prompt_counts: list[int] | None = None  # its prompts' exact token counts, once taken
 
     @property
     def is_chat(self) -> bool:

@@ -25,7 +25,7 @@ SMOKE = {
     "tracing_cost": ["--duration", "0.5", "--rounds", "1", "--out", "{out}"],
     "tracing_cost --hooks": ["--hooks", "50", "--out", "{out}"],
     "saturation": ["--seconds", "1", "--rounds", "1", "--connections", "8", "--out", "{out}"],
-    "scrape_stall": ["--replicas", "2", "--rounds", "1", "--streams", "2", "--out", "{out}"],
+    "loop_stall": ["--replicas", "2", "--rounds", "1", "--streams", "2", "--out", "{out}"],
 }
 
 

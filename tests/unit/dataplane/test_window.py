@@ -134,3 +134,55 @@ def test_cap_serves_output_past_the_window_with_max_tokens_lowered(
     model.cap_output = False  # the default: OpenAI's 400
     with pytest.raises(ContextLengthExceeded):
         admit(model, completion(PROMPT, 100), model.replicas)
+
+
+async def test_a_long_prompt_is_counted_off_the_event_loop_and_exactly(
+        tokenizer: ModelTokenizer) -> None:
+    """A prompt of a request body past COUNT_OFF_LOOP_BYTES is tokenized in a worker thread
+    (about 1 µs a character: on the event loop, no stream would move meanwhile); admission
+    then uses that count, the same as counting it in place."""
+    import threading
+
+    from gateway.canary.split import PoolSplit
+    from gateway.dataplane.admission import COUNT_OFF_LOOP_BYTES, Admitter
+
+    threads: list[threading.Thread] = []
+    counting = tokenizer.count_text
+
+    def count_text(text: str, add_special_tokens: bool = True) -> int:
+        threads.append(threading.current_thread())
+        return counting(text, add_special_tokens)
+
+    long = PROMPT * (COUNT_OFF_LOOP_BYTES // len(PROMPT) + 1)
+    exact = counting(long)
+    model = served(tokenizer, [exact + 10, exact * 2])
+    admitter = Admitter({"m": model}, "m", PoolSplit())
+    tokenizer.count_text = count_text  # type: ignore[method-assign]
+    try:
+        short = completion(PROMPT, 10)
+        assert admitter.prepare(short) is None  # nothing to wait for: counted in place
+        request = completion(long, 11)
+        await admitter.prepare(request)
+        assert threads and threading.main_thread() not in threads
+        assert request.prompt_counts == [exact]
+        threads.clear()
+        _, admission = admitter.admit(request)
+        assert not threads  # not counted again
+        assert admission.cost.prompt_tokens == exact and admission.prompt_tokens_exact
+        assert [r.name for r in admission.replicas] == ["r1"]  # 11 more do not fit r0
+        refused = completion(long, exact + 1)
+        await admitter.prepare(refused)
+        with pytest.raises(ContextLengthExceeded) as err:
+            admitter.admit(refused)
+        assert err.value.prompt_tokens == exact and err.value.limit == exact * 2
+        # A long chat: rendered and counted in the thread too.
+        messages = chat(long, 5)
+        await admitter.prepare(messages)
+        assert messages.prompt_counts == [tokenizer.count_chat([{"role": "user", "content": long}])]
+        # Long, but the one-token-per-byte bound fits every window: nothing to count.
+        roomy = served(tokenizer, [len(long) * 4])
+        fits = completion(long, 16)
+        await Admitter({"m": roomy}, "m", PoolSplit()).prepare(fits)
+        assert fits.prompt_counts is None
+    finally:
+        del tokenizer.count_text

@@ -1,18 +1,20 @@
-"""What a Prometheus scrape does to the streams in flight: the gaps between stream events,
-with /metrics scraped and without, side by side.
+"""What work on the gateway's event loop does to the streams in flight: the gaps between
+stream events, undisturbed, while /metrics is scraped, and while a client sends long
+prompts, side by side.
 
-    python -m benchmarks.scrape_stall [--replicas N] [--rounds N] [--streams C]
-                                      [--baseline CHECKOUT] [--out FILE.json]
+    python -m benchmarks.loop_stall [--replicas N] [--rounds N] [--streams C]
+                                    [--baseline CHECKOUT] [--out FILE.json]
 
-N simulated vLLM replicas (paced: a token every 10 ms) behind a gateway (and, with
-``--baseline``, another checkout's gateway with the same config, measured in turn). First
-every replica serves each route and API once in a while, so /metrics holds the series a
-fleet that has served for a while holds (each replica x route x API has its histograms).
-Then, per round and gateway: C concurrent streams of 200 tokens, once with a scraper asking
-for /metrics every 0.2 s and once without. Reported per gateway: the size of /metrics, how
-long a scrape took to answer, and the gaps between consecutive events the clients saw (p50,
-p99, max) with and without the scrapes. While a scrape's text is rendered on the event loop,
-no stream moves: the gaps with scrapes then grow by about the render time.
+N simulated vLLM replicas (paced: a token every 10 ms) behind a gateway that has the model's
+tokenizer (and, with ``--baseline``, another checkout's gateway with the same config,
+measured in turn). First every replica serves each route and API once in a while, so
+/metrics holds the series a fleet that has served for a while holds (each replica x route x
+API has its histograms). Then, per round and gateway: C concurrent streams of 200 tokens,
+three times: alone; with a scraper asking for /metrics every 0.2 s; with a client sending a
+completion whose prompt is 1 MB (counted, then refused: past the 4,096-token window) every
+0.2 s. Reported per gateway: the size of /metrics, how long a scrape and a refusal took to
+answer, and the gaps between consecutive events the clients saw (p50, p99, max) in each
+case. Work done on the event loop stops every stream while it runs.
 """
 
 from __future__ import annotations
@@ -27,22 +29,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import yaml
 
 from benchmarks.overhead import HOST, MODEL, ROOT, free_port, start, stop, wait_ready
 from gateway.bench.report import percentile
+from gateway.sim.model_dir import write_model_dir
 
 ITL_MS = 10
 TOKENS = 200
+WINDOW = 4096
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * (1_000_000 // 44)  # ~1 MB
 ROUTES = [("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
           ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}),
           ("/v1/chat/completions", {"model": MODEL, "max_tokens": 2,
                                     "messages": [{"role": "user", "content": "hi"}]}),
           ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}),
           ("/generate_stream", {"inputs": "hi", "parameters": {"max_new_tokens": 2}})]
+CASES = ("alone", "scrapes", "long_prompts")
 
 
 @contextlib.contextmanager
@@ -56,11 +62,13 @@ def fleet(replicas: int, checkouts: dict[str, Path], tmp: Path
             port = free_port()
             procs.append(start(["sim", "--dialect", "vllm", "--profile", "paced", "--ttft-ms",
                                 "5", "--itl-ms", str(ITL_MS), "--port", str(port), "--model",
-                                MODEL, "--max-model-len", "4096"], None, tmp / f"sim{i}.log"))
+                                MODEL, "--max-model-len", str(WINDOW)], None,
+                               tmp / f"sim{i}.log"))
             urls.append(f"http://{HOST}:{port}")
         for url, proc in zip(urls, procs):
             wait_ready(url + "/health", proc)
-        config = {"models": [{"name": MODEL, "replicas": [
+        tokenizer = write_model_dir(tmp / "model", vocab_size=8192)
+        config = {"models": [{"name": MODEL, "tokenizer": str(tokenizer), "replicas": [
             {"url": u, "engine": "vllm", "name": f"gpu{i}"} for i, u in enumerate(urls)]}],
             "balancer": "round_robin"}
         (tmp / "gateway.yaml").write_text(yaml.safe_dump(config))
@@ -100,29 +108,43 @@ async def stream_gaps(client: httpx.AsyncClient, gateway: str) -> list[float]:
     return gaps[1:]  # from the second token on (the first waits for TTFT)
 
 
-async def scraper(client: httpx.AsyncClient, gateway: str, stop_at: asyncio.Event,
+def scrape(client: httpx.AsyncClient, gateway: str) -> Any:
+    return client.get(gateway + "/metrics")
+
+
+def long_prompt(client: httpx.AsyncClient, gateway: str) -> Any:
+    return client.post(gateway + "/v1/completions",
+                       json={"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 16})
+
+
+DISTURBANCES: dict[str, Callable[[httpx.AsyncClient, str], Any]] = {
+    "scrapes": scrape, "long_prompts": long_prompt}
+
+
+async def disturb(client: httpx.AsyncClient, gateway: str, case: str, stop_at: asyncio.Event,
                   took: list[float], sizes: list[int]) -> None:
+    """The case's request every 0.2 s until the streams end."""
     while not stop_at.is_set():
         t = time.perf_counter()
-        response = await client.get(gateway + "/metrics")
+        response = await DISTURBANCES[case](client, gateway)
         took.append(time.perf_counter() - t)
         sizes.append(len(response.content))
         await asyncio.sleep(0.2)
 
 
-async def one_round(gateway: str, streams: int, scrape: bool) -> dict[str, Any]:
+async def one_round(gateway: str, streams: int, case: str) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=streams + 2)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         took: list[float] = []
         sizes: list[int] = []
         done = asyncio.Event()
-        task = asyncio.create_task(scraper(client, gateway, done, took, sizes)) if scrape \
-            else None
+        task = (asyncio.create_task(disturb(client, gateway, case, done, took, sizes))
+                if case in DISTURBANCES else None)
         results = await asyncio.gather(*(stream_gaps(client, gateway) for _ in range(streams)))
         done.set()
         if task is not None:
             await task
-    return {"gaps": [g for r in results for g in r], "scrape_s": took, "bytes": sizes}
+    return {"gaps": [g for r in results for g in r], "took_s": took, "bytes": sizes}
 
 
 async def measure(gateways: dict[str, str], replicas: int, rounds: int,
@@ -130,50 +152,52 @@ async def measure(gateways: dict[str, str], replicas: int, rounds: int,
     async with httpx.AsyncClient(timeout=60) as client:
         for url in gateways.values():
             await warm(client, url, replicas)
-    out: dict[str, Any] = {name: {"with": [], "without": []} for name in gateways}
+    out: dict[str, Any] = {name: {case: [] for case in CASES} for name in gateways}
     order = list(gateways)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
-            for scrape in ((True, False) if r % 2 == 0 else (False, True)):
-                got = await one_round(gateways[name], streams, scrape)
-                out[name]["with" if scrape else "without"].append(got)
+            for case in (CASES if r % 2 == 0 else CASES[::-1]):
+                out[name][case].append(await one_round(gateways[name], streams, case))
     summary: dict[str, Any] = {}
     for name, runs in out.items():
         row: dict[str, Any] = {}
-        for kind, segments in runs.items():
+        for case, segments in runs.items():
             gaps = sorted(g * 1000 for s in segments for g in s["gaps"])
-            row[kind] = {"events": len(gaps), "p50_ms": percentile(gaps, 50),
+            took = [t * 1000 for s in segments for t in s["took_s"]]
+            row[case] = {"events": len(gaps), "p50_ms": percentile(gaps, 50),
                          "p99_ms": percentile(gaps, 99), "max_ms": gaps[-1],
-                         "per_round_max_ms": [max(s["gaps"]) * 1000 for s in segments]}
-        scrapes = [t * 1000 for s in runs["with"] for t in s["scrape_s"]]
-        row["scrapes"] = len(scrapes)
-        row["scrape_ms_median"] = statistics.median(scrapes)
-        row["metrics_bytes"] = max(b for s in runs["with"] for b in s["bytes"])
+                         "per_round_max_ms": [max(s["gaps"]) * 1000 for s in segments],
+                         "requests": len(took),
+                         "answered_ms_median": statistics.median(took) if took else None,
+                         "answer_bytes": max((b for s in segments for b in s["bytes"]),
+                                             default=None)}
         summary[name] = row
     return summary
 
 
 def table(res: dict[str, Any]) -> str:
-    rows = ["| gateway | /metrics | scrape answered in (median) | gaps without scrapes p50 / "
-            "p99 / max | gaps with scrapes p50 / p99 / max |", "|---|---|---|---|---|"]
+    rows = ["| gateway | case | gaps p50 / p99 / max | largest gap per round | its request "
+            "answered in (median) |", "|---|---|---|---|---|"]
     for name, row in res.items():
-        w, s = row["without"], row["with"]
-        rows.append(f"| {name} | {row['metrics_bytes'] / 1000:.0f} kB | "
-                    f"{row['scrape_ms_median']:.1f} ms | {w['p50_ms']:.1f} / {w['p99_ms']:.1f} / "
-                    f"{w['max_ms']:.1f} ms | {s['p50_ms']:.1f} / {s['p99_ms']:.1f} / "
-                    f"{s['max_ms']:.1f} ms |")
+        for case in CASES:
+            c = row[case]
+            answered = ("" if c["answered_ms_median"] is None else
+                        f"{c['answered_ms_median']:.1f} ms ({c['answer_bytes']:,} bytes)")
+            rows.append(f"| {name} | {case} | {c['p50_ms']:.1f} / {c['p99_ms']:.1f} / "
+                        f"{c['max_ms']:.1f} ms | "
+                        f"{', '.join(f'{x:.0f}' for x in c['per_round_max_ms'])} ms | {answered} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scrape_stall",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loop_stall",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--baseline", type=Path, help="another checkout's gateway, beside this")
-    parser.add_argument("--out", default="scrape_stall.json")
+    parser.add_argument("--out", default="loop_stall.json")
     args = parser.parse_args(argv)
     if not (1 <= args.replicas <= 32 and 1 <= args.rounds <= 20 and 1 <= args.streams <= 128):
         parser.error("--replicas 1-32, --rounds 1-20, --streams 1-128")
@@ -182,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.baseline / "gateway").is_dir():
             parser.error(f"--baseline {args.baseline}: no gateway package there")
         checkouts["baseline"] = args.baseline.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix="gw-scrape-stall-"))
+    tmp = Path(tempfile.mkdtemp(prefix="gw-loop-stall-"))
     with fleet(args.replicas, checkouts, tmp) as gateways:
         res = asyncio.run(measure(gateways, args.replicas, args.rounds, args.streams))
     res["load_average"] = os.getloadavg()
