@@ -59,14 +59,19 @@ def fleet(replicas: int, checkouts: dict[str, Path], tmp: Path
     try:
         urls = []
         for i in range(replicas):
-            port = free_port()
-            procs.append(start(["sim", "--dialect", "vllm", "--profile", "paced", "--ttft-ms",
-                                "5", "--itl-ms", str(ITL_MS), "--port", str(port), "--model",
-                                MODEL, "--max-model-len", str(WINDOW)], None,
-                               tmp / f"sim{i}.log"))
+            for attempt in (1, 2):  # a free port can be taken before the replica binds it
+                port = free_port()
+                proc = start(["sim", "--dialect", "vllm", "--profile", "paced", "--ttft-ms",
+                              "5", "--itl-ms", str(ITL_MS), "--port", str(port), "--model",
+                              MODEL, "--max-model-len", str(WINDOW)], None, tmp / f"sim{i}.log")
+                procs.append(proc)
+                try:
+                    wait_ready(f"http://{HOST}:{port}/health", proc)
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
             urls.append(f"http://{HOST}:{port}")
-        for url, proc in zip(urls, procs):
-            wait_ready(url + "/health", proc)
         tokenizer = write_model_dir(tmp / "model", vocab_size=8192)
         config = {"models": [{"name": MODEL, "tokenizer": str(tokenizer), "replicas": [
             {"url": u, "engine": "vllm", "name": f"gpu{i}"} for i, u in enumerate(urls)]}],

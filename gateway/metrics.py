@@ -373,7 +373,7 @@ class GatewayMetrics:
         """``exposition()`` with the text rendered in a worker thread. prometheus-client
         takes 25-40 µs a line, and a fleet's /metrics has thousands (eight replicas that
         served five routes: 750 kB, 110 ms); on the event loop no stream would move
-        meanwhile (benchmarks/scrape_stall.py). What the gateway's own objects say is read
+        meanwhile (benchmarks/loop_stall.py). What the gateway's own objects say is read
         first, on the loop; the metrics themselves are thread-safe (prometheus-client locks
         them)."""
         self._read_gateway_state()
