@@ -192,15 +192,16 @@ def admit(model: ServedModel, request: GenerationRequest,
     return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)
 
 
-def exact_counts(model: ServedModel, name: str, request: GenerationRequest) -> list[int] | None:
-    """The prompts' exact token counts if ``admit`` would need them for a replica serving
-    ``name`` (None: no tokenizer, or the one-token-per-byte bound fits every such replica)."""
+def exact_counts(model: ServedModel, serving: list[Replica],
+                 request: GenerationRequest) -> list[int] | None:
+    """The prompts' exact token counts if ``admit`` would need them for one of ``serving``
+    (None: no tokenizer, or the one-token-per-byte bound fits every one of them)."""
     tokenizer = model.tokenizer
     if tokenizer is None:
         return None
     prompts = _prompts(request, tokenizer)
     bound = max(p.upper_bound(tokenizer) for p in prompts)
-    if all(_fits(model, r, bound, request.max_tokens) for r in model.replicas_for(name)):
+    if all(_fits(model, r, bound, request.max_tokens) for r in serving):
         return None
     return [p.count(tokenizer) for p in prompts]
 
@@ -240,7 +241,9 @@ class Admitter:
             request.pinned = home
         if len(request.raw) >= COUNT_OFF_LOOP_BYTES:  # after the adapter: its name resolves
             model, name = self.resolve(request.model, request.api)
-            request.prompt_counts = await asyncio.to_thread(exact_counts, model, name, request)
+            serving = list(model.replicas_for(name))  # read on the loop, which changes it
+            request.prompt_counts = await asyncio.to_thread(exact_counts, model, serving,
+                                                            request)
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The model serving ``name`` (see ``resolve``)."""
