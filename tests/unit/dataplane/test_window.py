@@ -186,3 +186,16 @@ async def test_a_long_prompt_is_counted_off_the_event_loop_and_exactly(
         assert fits.prompt_counts is None
     finally:
         del tokenizer.count_text
+
+
+def test_counting_gives_encodes_count_for_any_text(tokenizer: ModelTokenizer) -> None:
+    """count_text uses encode_batch_fast (it lets go of the GIL); encode is the reference."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = "abc déf ghï 日本語 😀 \n\t  the quick brown fox <|im_start|> \u200b"
+    for n in [0, 1, 3, 50, 500, 5000] * 20:
+        text = "".join(rng.choice(alphabet) for _ in range(n))
+        for special in (True, False):
+            want = len(tokenizer.tokenizer.encode(text, add_special_tokens=special).ids)
+            assert tokenizer.count_text(text, special) == want, (text, special)
