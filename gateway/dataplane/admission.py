@@ -138,6 +138,13 @@ def _fits(model: ServedModel, replica: Replica, prompt_tokens: int,
     return prompt_tokens + max_tokens <= window
 
 
+def _bound_fits(model: ServedModel, tokenizer: ModelTokenizer, prompts: list[_Prompt],
+                replicas: list[Replica], max_tokens: int | None) -> bool:
+    """Does the one-token-per-byte bound already prove the prompts fit every replica?"""
+    bound = max(p.upper_bound(tokenizer) for p in prompts)
+    return all(_fits(model, r, bound, max_tokens) for r in replicas)
+
+
 def _capped(model: ServedModel, request: GenerationRequest, candidates: list[Replica],
             prompt_tokens: int) -> tuple[list[Replica], int | None]:
     """``output_past_window: cap``: the replicas with the most room after the prompt, and
@@ -175,8 +182,7 @@ def admit(model: ServedModel, request: GenerationRequest,
 
     counts = request.prompt_counts
     if counts is None:
-        bound = max(p.upper_bound(tokenizer) for p in prompts)
-        if all(_fits(model, r, bound, max_tokens) for r in candidates):
+        if _bound_fits(model, tokenizer, prompts, candidates, max_tokens):
             return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens,
                                          *affinity), candidates, False)
         counts = [p.count(tokenizer) for p in prompts]
@@ -200,8 +206,7 @@ def exact_counts(model: ServedModel, serving: list[Replica],
     if tokenizer is None:
         return None
     prompts = _prompts(request, tokenizer)
-    bound = max(p.upper_bound(tokenizer) for p in prompts)
-    if all(_fits(model, r, bound, request.max_tokens) for r in serving):
+    if _bound_fits(model, tokenizer, prompts, serving, request.max_tokens):
         return None
     return [p.count(tokenizer) for p in prompts]
 
