@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -297,11 +298,15 @@ def test_engine_signals_read_from_the_real_metrics(gateway: str) -> None:
     """Under load, the gateway's view of the replica carries the engine's own running count
     and KV use, read from vLLM's /metrics."""
     stop = threading.Event()
+    statuses: list[int | str] = []  # what the load got, to say why if the engine never ran
 
     def load() -> None:
         while not stop.is_set():
-            _post(gateway, "/v1/completions", {"model": "tiny", "prompt": "load",
-                                               "max_tokens": 64})
+            try:
+                statuses.append(_post(gateway, "/v1/completions", {
+                    "model": "tiny", "prompt": "load", "max_tokens": 128}).status_code)
+            except httpx.HTTPError as exc:
+                statuses.append(repr(exc))
 
     threads = [threading.Thread(target=load) for _ in range(4)]
     for t in threads:
@@ -315,7 +320,8 @@ def test_engine_signals_read_from_the_real_metrics(gateway: str) -> None:
             if (seen.get("running") or 0) > 0 and (seen.get("kv_usage") or 0) > 0:
                 break
             time.sleep(0.1)
-        assert (seen.get("running") or 0) > 0 and 0 < seen["kv_usage"] <= 1, seen
+        assert (seen.get("running") or 0) > 0 and 0 < seen["kv_usage"] <= 1, \
+            (seen, sorted(Counter(map(str, statuses)).items()))
     finally:
         stop.set()
         for t in threads:
