@@ -109,7 +109,10 @@ class TgiStream(TranslatingReader):
         self.text.append(choice.get("text") or "")
         reason = choice.get("finish_reason")
         tokens = choice_tokens(choice, self.engine, self.params.top_n_tokens, self.texts)
-        if tokens and generated is not None and generated > len(tokens):
+        if generated is not None and generated > len(tokens):
+            # Tokens counted but not reported: those ending inside a character, merged into
+            # the chunk that completes it, and a last one whose character never completes,
+            # counted only in the finishing chunk (no text, no logprobs).
             tokens = merged_tokens(generated - len(tokens), self.params.top_n_tokens) + tokens
         if reason is not None:
             self.finish = self.usage.finish_reason = finish_reason(choice, self.engine)
@@ -152,10 +155,26 @@ class TgiStream(TranslatingReader):
         return self._event(token, b',"generated_text":%s,"details":%s}' % (
             orjson.dumps(text), orjson.dumps(details)))
 
+    def _owed_tokens(self) -> bytes:
+        """The engine counted more tokens than it reported, without saying in which chunk (no
+        ``timings``): the missing ones end the sequence, their character never completed, as
+        merged tokens do; the last waits to be the final event's token."""
+        counted = self.usage.completion_tokens
+        if self.held is not None or counted is None or counted <= self.index:
+            return b""
+        out = []
+        for token in merged_tokens(counted - self.index, self.params.top_n_tokens):
+            if self.held is not None:
+                out.append(self._event(self.held))
+            self.held = token
+        return b"".join(out)
+
     def _close(self) -> bytes:
         """``[DONE]``: the generation is complete (a final event still waiting goes now)."""
-        if self.held is not None and self.finish is not None:
-            return self._final()
+        if self.finish is not None:
+            owed = self._owed_tokens()
+            if self.held is not None:
+                return owed + self._final()
         self.finished = True
         return _error_event("the engine ended the stream without marking its last token",
                             "incomplete_generation")

@@ -244,9 +244,77 @@ def test_llamacpp_stream_ends_in_a_chunk_of_its_own() -> None:
     length = chunk(" a", 1) + chunk(" b", 2) + chunk("", 0, "length") + usage + b"data: [DONE]\n\n"
     out, _ = translate_stream(length, [len(chunk(" a", 1))], {}, "llamacpp", max_tokens=2)
     assert out.count(b"data: ") == 2 and b'"generated_text":" a b"' in out
-    # The engine ended after a token it did not mark as possibly last: an error, not a lie.
+    # The engine ended after a token it did not mark as possibly last, and its count says
+    # that was the last: an error, not a lie.
+    counted_two = usage.replace(b'"completion_tokens":3', b'"completion_tokens":2')
+    length = chunk(" a", 1) + chunk(" b", 2) + chunk("", 0, "length") + counted_two + b"data: [DONE]\n\n"
     out, _ = translate_stream(length, [], {}, "llamacpp", max_tokens=9)
     assert out.endswith(b'"error_type":"incomplete_generation"}\n\n')
+
+
+def _llamacpp_counted(pieces: list[tuple[str, int | None]], finish: str, counted: int) -> bytes:
+    """llama.cpp's completion stream as the real server writes it with ``timings_per_token``:
+    each chunk's text with one logprobs entry (None: no entry), ``predicted_n`` the tokens
+    generated so far; the finishing chunk has ``logprobs: null`` and may count a last token
+    whose bytes never came (ENGINE-WIRE.md, "Real llama-server ... end of a stream")."""
+    out, generated = [], 0
+    for text, count in pieces:
+        generated += count or 0
+        entry = {"id": 70 + generated, "token": text, "bytes": list(text.encode()), "logprob": -0.5,
+                 "top_logprobs": []}
+        out.append(b"data: " + orjson.dumps({"choices": [{
+            "text": text, "index": 0, "logprobs": {"content": [entry]}, "finish_reason": None}],
+            "object": "text_completion", "timings": {"predicted_n": generated}}) + b"\n\n")
+    out.append(b"data: " + orjson.dumps({"choices": [{
+        "text": "", "index": 0, "logprobs": None, "finish_reason": finish}],
+        "object": "text_completion", "usage": {"completion_tokens": counted, "prompt_tokens": 3,
+                                               "total_tokens": counted + 3},
+        "timings": {"predicted_n": counted}}) + b"\n\n")
+    return b"".join(out) + b"data: [DONE]\n\n"
+
+
+# (chunks as (text, tokens in it), tokens counted in all): the real engine's stream of six
+# (four merged in the middle, the last token's bytes never sent), and the same case at the
+# start of a stream (the first chunk merges three) and at its very first token.
+COUNTED_STREAMS = {
+    "middle and end": ([("j", 1), ("\ufffd\ufffdten", 4)], 6),
+    "start and end": ([("\u00e9t", 3), ("e", 1)], 5),
+    "only a broken character": ([], 1),
+    "start only": ([("\u4f60", 2), (" a", 1)], 3),
+}
+
+
+@pytest.mark.parametrize("case", list(COUNTED_STREAMS))
+def test_llamacpp_tokens_counted_but_never_sent_are_events_too(case: str) -> None:
+    """Every generated token is an event, the last with ``generated_text`` and details that
+    list them all: a token merged into a character's chunk, and a last one that ended inside
+    a character and arrived as nothing but a count in the finishing chunk."""
+    pieces, counted = COUNTED_STREAMS[case]
+    data = _llamacpp_counted(pieces, "length", counted)
+    whole, reader = translate_stream(data, [], {"details": True}, "llamacpp", max_tokens=counted)
+    events = [orjson.loads(e[6:]) for e in whole.split(b"\n\n") if e]
+    assert [e["index"] for e in events] == list(range(1, counted + 1))
+    assert all("error" not in e for e in events)
+    text = "".join(t for t, _ in pieces)
+    assert "".join(e["token"]["text"] for e in events) == text == events[-1]["generated_text"]
+    assert events[-1]["details"]["generated_tokens"] == counted
+    assert reader.token_events == counted
+    for cut in range(1, len(data), 7):
+        assert translate_stream(data, [cut], {"details": True}, "llamacpp",
+                                max_tokens=counted)[0] == whole
+
+
+def test_a_count_without_timings_still_gives_every_token_its_event() -> None:
+    """An engine that counts its tokens only in the usage: the ones never reported end the
+    sequence (their character never completed), so the client still gets one per token."""
+    data = _llamacpp_counted([("j", 1), ("\ufffdten", 2)], "length", 5)
+    data = data.replace(b',"timings":{"predicted_n":1}', b"").replace(
+        b',"timings":{"predicted_n":3}', b"").replace(b',"timings":{"predicted_n":5}', b"")
+    assert b"timings" not in data
+    out, _ = translate_stream(data, [], {"details": True}, "llamacpp", max_tokens=5)
+    events = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e]
+    assert len(events) == 5 and events[-1]["details"]["generated_tokens"] == 5
+    assert [e["token"]["text"] for e in events] == ["j", "\ufffdten", "", "", ""]
 
 
 def test_engine_error_events_become_tgi_error_events() -> None:
