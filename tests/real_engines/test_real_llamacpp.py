@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 from text_generation import Client as TGIClient
 
@@ -119,6 +120,68 @@ def test_text_generation_details_are_exact(gateway: str, engine: Engine, prompt:
     assert all(t.text == "" and t.logprob is None for t in merged)
     assert "".join(t.text for t in details.tokens) == answer.generated_text
     assert len(details.top_tokens) == 24
+
+
+def _stream_steps(engine: Engine, prompt: str, max_tokens: int) -> list[tuple[int, int]]:
+    """The engine's own greedy stream, as TGI translation asks it (logprobs,
+    ``timings_per_token``): per chunk, (logprobs entries, tokens generated so far)."""
+    response = _post(engine.url, "/v1/completions", {
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": 1, "stream": True, "timings_per_token": True})
+    steps = []
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            chunk = orjson.loads(line[6:])
+            logprobs = chunk["choices"][0].get("logprobs") if chunk.get("choices") else None
+            steps.append((len((logprobs or {}).get("content") or []),
+                          chunk["timings"]["predicted_n"]))
+    return steps
+
+
+# Prompts whose greedy outputs, on the tiny random model, have tokens ending inside a UTF-8
+# character: at the start of the output, in its middle, and as its last token.
+BROKEN_PROMPTS = [*PROMPTS, "\u00e9\u00e8\u00ea", "\u65e5\u672c\u8a9e\u306e\u6587", "\U0001f600\U0001f601",
+                  "zz\u00ff", "\u0416\u0436 \u03a9\u03c9", "0x7f 0xff", "\u00bf\u00a1"]
+
+
+def _cuts_inside_a_character(engine: Engine, prompt: str, longest: int) -> list[int]:
+    """Output lengths whose last token ends inside a character: a chunk that reports one
+    token but counts several carries, merged, the tokens before it that ended inside its
+    character, so stopping at any of those ends the output inside it."""
+    cuts, before = [], 0
+    for reported, generated in _stream_steps(engine, prompt, longest):
+        if reported and generated - before > reported:
+            cuts.extend(range(before + 1, generated))
+        before = generated
+    return cuts
+
+
+def test_tokens_ending_inside_a_character_are_events_at_start_middle_and_end(
+        gateway: str, engine: Engine) -> None:
+    """A generation cut inside a character: llama.cpp counts its last token only in the
+    finishing chunk (no text, no logprobs). The TGI client still gets one event per token,
+    the last with the engine's text, and details listing every token; ``generate`` alike."""
+    cases = [(prompt, n) for prompt in BROKEN_PROMPTS
+             for n in _cuts_inside_a_character(engine, prompt, 16)]
+    assert any(n == 1 for _, n in cases), f"no output starts inside a character: {cases}"
+    assert any(n > 2 for _, n in cases), f"no output ends inside a character later: {cases}"
+    client = TGIClient(gateway, timeout=60)
+    for prompt, n in cases[:12]:
+        steps = _stream_steps(engine, prompt, n)
+        # The case happens: the engine's last chunk counts a token it never reported.
+        assert steps[-1][0] == 0 and steps[-1][1] == n > sum(r for r, _ in steps), (prompt, n, steps)
+        truth = _greedy(engine, prompt, n)
+        text = truth["choices"][0]["text"]
+        events = list(client.generate_stream(prompt, max_new_tokens=n))
+        assert [e.token.id for e in events if e.token.id != -1] == [
+            t["id"] for t in truth["choices"][0]["logprobs"]["content"]], (prompt, n)
+        assert len(events) == n == truth["usage"]["completion_tokens"], (prompt, n)
+        assert events[-1].generated_text == text == "".join(e.token.text for e in events)
+        assert events[-1].details.generated_tokens == n
+        answer = client.generate(prompt, max_new_tokens=n)
+        assert answer.generated_text == text
+        assert answer.details.generated_tokens == n == len(answer.details.tokens), (prompt, n)
+        assert answer.details.tokens[-1].id == -1 and answer.details.tokens[-1].text == ""
 
 
 def test_slots_are_the_replicas_concurrency_limit(gateway: str, engine: Engine) -> None:

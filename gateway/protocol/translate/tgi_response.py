@@ -82,8 +82,12 @@ class TgiStream(TranslatingReader):
             if "usage" in chunk:
                 self._read_usage(chunk)
             generated = self._generated_in(chunk)
+            reported = 0
             for choice in chunk.get("choices") or ():
-                tokens += self._choice(choice, out, generated)
+                reported += self._choice(choice, out, generated)
+            if generated is None:  # a chunk the engine did not count: its tokens are counted
+                self.decoded += reported
+            tokens += reported
             if self.finish is not None and self.held is not None and (
                     not self.params.details or self.usage.completion_tokens is not None):
                 out.append(self._final())
