@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-from gateway.engines import llamacpp, openai, sglang, tgi, vllm
+from gateway.engines import llamacpp, lmdeploy, openai, sglang, tgi, vllm
 from gateway.engines.base import Engine, EngineInfo
 from gateway.engines.signals import EngineSignals
 
@@ -18,6 +18,7 @@ ENGINES: Mapping[str, Engine] = MappingProxyType({e.name: e for e in (
     sglang.ENGINE,
     llamacpp.ENGINE,
     openai.ENGINE,
+    lmdeploy.ENGINE,
 )})
 NAMES = tuple(ENGINES)
 
