@@ -19,9 +19,9 @@ from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, Setting
                                YamlConfigSettingsSource)
 
 from gateway.balance import POLICIES
-from gateway.fleet.replica import ENGINES
+from gateway.engines import NAMES as ENGINE_NAMES
 
-Engine = Literal[ENGINES]  # type: ignore[valid-type]
+Engine = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):

@@ -20,9 +20,6 @@ from gateway.protocol.errors import GatewayError
 
 log = logging.getLogger(__name__)
 
-LOADING_ENGINES = frozenset({"vllm"})
-
-
 class AdapterLoadFailed(GatewayError):
     status = 503
     openai_type = "server_error"
@@ -54,19 +51,20 @@ class AdapterLoader:
         await asyncio.shield(task)
 
     async def _load(self, model: ServedModel, name: str) -> Replica:
-        candidates = [r for r in model.replicas if r.available and r.engine in LOADING_ENGINES]
+        candidates = [r for r in model.replicas
+                      if r.available and r.profile.adapter_load_path is not None]
         if not candidates:
             raise AdapterLoadFailed(f"no available vLLM replica of model `{model.name}` to "
                                     f"load adapter `{name}` on")
         replica = min(candidates, key=lambda r: self.outstanding(r.name))
         body = {"lora_name": name, "lora_path": model.load_adapters[name]}
         try:
-            async with self.session().post(f"{replica.url}/v1/load_lora_adapter", json=body,
+            path = replica.profile.adapter_load_path
+            async with self.session().post(f"{replica.url}{path}", json=body,
                                            timeout=aiohttp.ClientTimeout(total=self.timeout)
                                            ) as response:
                 text = await response.text(errors="replace")
-                # vLLM answers 400 "already been loaded" to a second load: it is there.
-                if response.status != 200 and "already been loaded" not in text:
+                if not replica.profile.adapter_loaded(response.status, text):
                     raise AdapterLoadFailed(f"replica {replica.name} could not load adapter "
                                             f"`{name}`: HTTP {response.status} {text[:300]}")
         except (aiohttp.ClientError, TimeoutError) as exc:

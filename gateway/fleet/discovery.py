@@ -1,12 +1,9 @@
 """Ask each engine for its context window (and in-flight limit), in its own dialect.
 
-vLLM/SGLang: ``GET /v1/models`` ``max_model_len``; TGI: ``GET /info`` ``max_total_tokens``
-and ``max_input_tokens`` (``max_input_length`` before v2.1), and ``max_concurrent_requests``
-(TGI answers 429 beyond it, so the gateway queues instead) and ``version`` (which routes it
-has: /v1/completions came in 1.4.4, so OpenAI completions to older ones are translated to
-/generate); llama.cpp: ``GET /props`` ``default_generation_settings.n_ctx`` (per slot, which
-is what a request gets) and ``total_slots`` (its in-flight limit: a request past it waits
-inside the engine, where the balancer cannot see it).
+Engines that list their names (vLLM, SGLang, OpenAI-compatible) give ``max_model_len`` on
+``GET /v1/models``; the others describe themselves on their ``info_path`` (TGI ``/info``:
+window, prompt limit, in-flight limit, version; llama.cpp ``/props``: window per slot and slot
+count), read by the engine's ``read_info`` (``gateway/engines/``).
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from typing import Any
 import aiohttp
 
 from gateway.fleet.replica import Replica
-from gateway.fleet.served_names import (LISTING_ENGINES, positive_int as _int, read_cards,
-                                        read_served_names)
+from gateway.fleet.served_names import read_served_names
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +29,20 @@ async def discover_window(session: aiohttp.ClientSession, replica: Replica,
     """Fill ``replica.max_model_len`` from the engine; True when it is known afterwards.
     Engines that list their names (vLLM, SGLang) are read every time: the names they serve
     (aliases, adapters) come from the same answer."""
-    if replica.engine in LISTING_ENGINES:
+    engine = replica.profile
+    if engine.lists_models:
         await read_served_names(session, replica, timeout)
         return replica.max_model_len is not None
-    limit_unknown = replica.engine in ("tgi", "llamacpp") and replica.max_concurrent_requests is None
-    if replica.max_model_len is not None and not limit_unknown:
-        return True
+    if engine.info_path is None or (replica.max_model_len is not None
+                                    and replica.max_concurrent_requests is not None):
+        return replica.max_model_len is not None
     try:
-        if replica.engine == "tgi":
-            info = await _get_json(session, f"{replica.url}/info", timeout)
-            replica.max_model_len = replica.max_model_len or _int(info.get("max_total_tokens"))
-            replica.max_input_tokens = _int(info.get("max_input_tokens")
-                                            or info.get("max_input_length"))
-            replica.max_concurrent_requests = _int(info.get("max_concurrent_requests"))
-            version = info.get("version")
-            replica.version = version if isinstance(version, str) else None
-        elif replica.engine == "llamacpp":
-            props = await _get_json(session, f"{replica.url}/props", timeout)
-            replica.max_model_len = replica.max_model_len or _int(
-                props.get("default_generation_settings", {}).get("n_ctx"))
-            # One request per slot; more wait inside the engine, out of the balancer's sight.
-            replica.max_concurrent_requests = _int(props.get("total_slots"))
-        else:
-            read_cards(replica, await _get_json(session, f"{replica.url}/v1/models", timeout))
+        info = engine.read_info(await _get_json(session, replica.url + engine.info_path, timeout))
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
         log.info("could not discover the context window of %s yet: %s", replica.name, exc)
+    else:
+        replica.max_model_len = replica.max_model_len or info.max_model_len
+        replica.max_input_tokens = info.max_input_tokens
+        replica.max_concurrent_requests = info.max_concurrent_requests
+        replica.version = info.version
     return replica.max_model_len is not None

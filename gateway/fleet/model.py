@@ -83,8 +83,8 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
                 replica = known[name] = Replica(name=name, url=url, engine=replica_config.engine,
                                                 model=config.name, pool=pool_config.name,
                                                 max_model_len=replica_config.max_model_len)
-            elif (replica.url != url.rstrip("/") or replica.engine != replica_config.engine
-                  or replica.pool != pool_config.name):
+            elif ((replica.url, replica.engine, replica.pool)
+                  != (url.rstrip("/"), replica_config.engine, pool_config.name)):
                 # One engine, one pool: the canary split and its metrics name the pool.
                 raise ValueError(f"replica {name!r} is listed twice with a different url, "
                                  f"engine or pool (models {replica.model!r} and "

@@ -5,38 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# The engines a replica can run; what each speaks is gateway.protocol.translate's business.
-ENGINES = ("vllm", "tgi", "sglang", "llamacpp", "openai")
+from gateway.engines import Engine, EngineSignals, get as engine_named
 
-
-@dataclass(frozen=True, slots=True)
-class EngineSignals:
-    """What one replica reported about itself at ``scraped_at`` (``time.monotonic()``)."""
-
-    running: int | None = None    # sequences in the engine's batch
-    waiting: int | None = None    # requests queued inside the engine
-    kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
-    scraped_at: float = 0.0
-    ledger_in_flight: int = 0     # the ledger's in-flight count for the replica at that moment
-    # vLLM with LoRA (vllm:lora_requests_info): adapters with requests running and waiting,
-    # and how many adapters one batch may hold (--max-loras). None: not reported.
-    lora_running: frozenset[str] | None = None
-    lora_waiting: frozenset[str] | None = None
-    max_lora: int | None = None
-
-    @property
-    def requests(self) -> int | None:
-        if self.running is None and self.waiting is None:
-            return None
-        return (self.running or 0) + (self.waiting or 0)
-
-    def unexplained_requests(self) -> int:
-        """Requests the engine holds beyond what the ledger had placed there at scrape time:
-        work from other clients (or other gateways without a shared ledger)."""
-        return max(0, (self.requests or 0) - self.ledger_in_flight)
-
-    def fresh(self, now: float, max_age: float) -> bool:
-        return now - self.scraped_at <= max_age
+__all__ = ["EngineSignals", "Replica", "REPLICA_STATES"]
 
 
 @dataclass(eq=False)
@@ -62,9 +33,11 @@ class Replica:
     # Names the engine lists on /v1/models -> their `parent` (a LoRA adapter's base model;
     # None for a base name or an alias). Empty until discovered (gateway/fleet/served_names).
     served_names: dict[str, str | None] = field(default_factory=dict)
+    profile: Engine = field(init=False, repr=False)  # what its engine is and does (engines/)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
+        self.profile = engine_named(self.engine)
 
     @property
     def ejected(self) -> bool:

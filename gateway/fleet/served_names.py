@@ -17,18 +17,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import aiohttp
 
+from gateway.engines.base import positive_int
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 
 log = logging.getLogger(__name__)
-
-# Engines whose /v1/models lists the names they serve (TGI and llama.cpp answer one name
-# whatever the request says).
-LISTING_ENGINES = frozenset({"vllm", "sglang", "openai"})
-
-
-def positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def read_cards(replica: Replica, cards: Any) -> None:
@@ -109,7 +102,8 @@ class ServedNames:
 
 
 class NameRefresher:
-    """Reads every listing replica's /v1/models every ``interval`` seconds, forever."""
+    """Reads the /v1/models of every replica whose engine lists its names (TGI and llama.cpp
+    answer one name whatever the request says) every ``interval`` seconds, forever."""
 
     def __init__(self, replicas: Callable[[], Sequence[Replica]],
                  session: aiohttp.ClientSession, interval: float, timeout: float) -> None:
@@ -120,7 +114,7 @@ class NameRefresher:
 
     async def refresh(self) -> None:
         await asyncio.gather(*(read_served_names(self.session, r, self.timeout)
-                               for r in self.replicas() if r.engine in LISTING_ENGINES))
+                               for r in self.replicas() if r.profile.lists_models))
 
     async def run(self) -> None:
         while True:

@@ -6,39 +6,17 @@ run no model: they cost nothing, and have no window to check).
 The prompts the window check counts are the texts the engine tokenizes: the inputs, or, for
 score and rerank, each query joined with each document (a cross-encoder reads them as one
 sequence). Bodies go to the engine as they came (pass-through); answers come back whole,
-with their ``usage.prompt_tokens`` metered. Only engines that serve a route get it.
+with their ``usage.prompt_tokens`` metered. Only engines that serve a route get it
+(``Engine.pooling_routes``, ``Engine.tgi_routes``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from gateway.protocol.errors import Api, ApiNotServed, InvalidRequest
+from gateway.protocol.errors import Api, InvalidRequest
 from gateway.protocol.openai import check_messages, check_prompt
 from gateway.protocol.request import GenerationRequest, field, parse_json_object
-
-# route -> the engines that serve it
-ROUTE_ENGINES: dict[str, frozenset[str]] = {
-    "/v1/embeddings": frozenset({"vllm", "sglang", "openai"}),
-    "/pooling": frozenset({"vllm"}),
-    "/classify": frozenset({"vllm"}),
-    "/score": frozenset({"vllm"}),
-    "/v1/score": frozenset({"vllm"}),
-    "/rerank": frozenset({"vllm"}),
-    "/v1/rerank": frozenset({"vllm", "sglang"}),
-    "/tokenize": frozenset({"vllm"}),
-    "/detokenize": frozenset({"vllm"}),
-}
-# TGI's own /tokenize (a GenerateRequest body, ``inputs``): TGI engines only.
-TGI_ROUTE_ENGINES: dict[str, frozenset[str]] = {"/tokenize": frozenset({"tgi"})}
-
-
-def refusal(path: str, engine: str, api: Api = Api.OPENAI) -> ApiNotServed | None:
-    """None when ``engine`` serves ``path`` in the client's protocol, else why not."""
-    if engine in (TGI_ROUTE_ENGINES if api is Api.TGI else ROUTE_ENGINES).get(path, ()):
-        return None
-    return ApiNotServed(f"{path} is not served by {engine} replicas", param=None)
-
 
 def _request(path: str, body: dict[str, Any], raw: bytes,
              prompt: str | list[Any] | None = None,

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocol.errors import Api, ApiNotServed, GatewayError, InvalidRequest
+from gateway.protocol.errors import Api, GatewayError, InvalidRequest
 from gateway.protocol.request import GenerationRequest, field, parse_json_object
 from gateway.tokens import flatten_content
 
 PATH = "/v1/responses"
-ENGINES = frozenset({"vllm", "openai"})  # engines with a Responses API
 
 
 class ResponseNotFound(GatewayError):
@@ -30,12 +29,6 @@ class ResponseNotFound(GatewayError):
 
     def __init__(self, response_id: str, param: str = "previous_response_id") -> None:
         super().__init__(f"Response with id '{response_id}' not found.", param=param)
-
-
-def refusal(engine: str) -> GatewayError | None:
-    if engine in ENGINES:
-        return None
-    return ApiNotServed(f"{PATH} is not served by {engine} replicas")
 
 
 def _input_text(value: Any) -> str:

@@ -110,6 +110,7 @@ class SimApp:
             "tgi": {("POST", "/generate"): self.generate, ("POST", "/generate_stream"): self.generate_stream,
                     ("POST", "/"): self.compat_generate, ("GET", "/info"): self.info,
                     ("POST", "/tokenize"): self.tgi_tokenize, ("GET", "/ping"): self.health},
+            "lmdeploy": {},  # its OpenAI routes, /health and /metrics are the shared ones
         }
         self.routes.update(extra[cfg.dialect])
         if cfg.dialect == "vllm" and cfg.runner == "pooling":  # vLLM: no generation routes

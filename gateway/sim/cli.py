@@ -37,7 +37,7 @@ import argparse
 
 from gateway.sim.profiles import DEFAULT_PROFILE, PROFILES
 
-DIALECTS = ("vllm", "tgi", "sglang", "llamacpp")
+DIALECTS = ("vllm", "tgi", "sglang", "llamacpp", "lmdeploy")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -240,6 +240,27 @@ class TGI(Dialect):
         return {"id": model, "object": "model", "created": 0, "owned_by": model}
 
 
+class LMDeploy(Dialect):
+    """LMDeploy's api_server (lmdeploy/serve/openai/api_server.py): OpenAI routes; model cards
+    without a window; errors as its ``create_error_response`` writes them (message, type,
+    code). Context checks are vLLM's here: LMDeploy's own wording is not reproduced."""
+
+    name = "lmdeploy"
+    owned_by = "lmdeploy"
+
+    def error_body(self, err: ClientError) -> tuple[int, Any]:
+        status = self.status(err)
+        return status, {"message": err.message, "type": "invalid_request_error", "code": status}
+
+    def model_card(self, model: str, limit: int, created: int) -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": created, "owned_by": "lmdeploy",
+                "root": model, "parent": None, "permission": [{
+                    "id": f"modelperm-{model}", "object": "model_permission", "created": created,
+                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                    "allow_search_indices": True, "allow_view": True, "allow_fine_tuning": False,
+                    "organization": "*", "group": None, "is_blocking": False}]}
+
+
 def make_dialect(name: str, vllm_flat_errors: bool = False, tgi_sse_no_space: bool = False) -> Dialect:
     if name == "vllm":
         return Dialect(flat_errors=vllm_flat_errors)
@@ -249,4 +270,6 @@ def make_dialect(name: str, vllm_flat_errors: bool = False, tgi_sse_no_space: bo
         return LlamaCpp()
     if name == "tgi":
         return TGI(sse_no_space=tgi_sse_no_space)
+    if name == "lmdeploy":
+        return LMDeploy()
     raise ValueError(f"unknown dialect {name!r}")

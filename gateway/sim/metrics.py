@@ -254,8 +254,24 @@ def _llamacpp(m: Meter, g: Gauges, model: str, x: Exposition) -> None:
     x.sample("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", g.waiting)
 
 
+def _lmdeploy(m: Meter, g: Gauges, model: str, x: Exposition) -> None:
+    # lmdeploy/metrics/loggers.py (PrometheusStatLogger), the names and help texts it registers
+    lab = {"model_name": model, "engine": "0"}
+    x.sample("lmdeploy:num_requests_running", "gauge", "Number of requests in model execution batches.", g.running, lab)
+    x.sample("lmdeploy:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", g.waiting, lab)
+    x.sample("lmdeploy:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.",
+             g.kv_used / max(1, g.kv_capacity), lab)
+    x.sample("lmdeploy:prompt_tokens_total", "counter", "Number of prefill tokens processed.", m.prompt_tokens, lab)
+    x.sample("lmdeploy:generation_tokens_total", "counter", "Number of generation tokens processed.", m.generation_tokens, lab)
+    x.histogram("lmdeploy:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft, lab)
+    x.histogram("lmdeploy:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e, lab)
+    x.histogram("lmdeploy:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", m.queue, lab)
+    x.histogram("lmdeploy:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_len, lab)
+    x.histogram("lmdeploy:request_generation_tokens", "Number of generation tokens processed.", m.gen_len, lab)
+
+
 RENDERERS: dict[str, Callable[[Meter, Gauges, str, Exposition], None]] = {
-    "vllm": _vllm, "sglang": _sglang, "tgi": _tgi, "llamacpp": _llamacpp,
+    "vllm": _vllm, "sglang": _sglang, "tgi": _tgi, "llamacpp": _llamacpp, "lmdeploy": _lmdeploy,
 }
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import load_settings
-from gateway.fleet.engine_signals import EngineSignals, SignalScraper, parse_signals
+from gateway import engines
+from gateway.fleet.engine_signals import EngineSignals, SignalScraper
 from gateway.fleet.replica import Replica
 from gateway.sim.metrics import Gauges, make_meter, render
 from support import free_port, sim
@@ -23,7 +24,7 @@ def test_each_dialects_exposition_gives_queue_running_and_kv(dialect: str,
                                                             kv: float | None) -> None:
     gauges = Gauges(running=7, waiting=3, kv_used=1000, kv_capacity=4000)
     text = render(dialect, make_meter(dialect, 4096), gauges, "m").decode()
-    signals = parse_signals(dialect, text, scraped_at=12.5, ledger_in_flight=4)
+    signals = engines.get(dialect).parse_signals(text, scraped_at=12.5, ledger_in_flight=4)
     assert (signals.running, signals.waiting, signals.kv_usage) == (7, 3, kv)
     assert signals.requests == 10 and signals.unexplained_requests() == 6
     assert signals.scraped_at == 12.5
@@ -40,17 +41,17 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
 vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
 vllm:num_requests_running_total{model_name="m"} 99.0
 """
-    signals = parse_signals("vllm", text)
+    signals = engines.get("vllm").parse_signals(text)
     assert (signals.running, signals.waiting, signals.kv_usage) == (10, 1, 0.75)
 
 
 def test_missing_or_garbage_metrics_give_no_signal() -> None:
     for text in ("", "not prometheus at all\n{}\n", "vllm:num_requests_running{x=\"1\"} NaNx\n",
                  "vllm:num_requests_running NaN\nvllm:kv_cache_usage_perc +Inf\n"):
-        signals = parse_signals("vllm", text)
+        signals = engines.get("vllm").parse_signals(text)
         assert signals.requests is None and signals.kv_usage is None
         assert signals.unexplained_requests() == 0
-    tgi = parse_signals("tgi", "tgi_batch_current_max_tokens 10\ntgi_batch_max_total_tokens 0\n")
+    tgi = engines.get("tgi").parse_signals("tgi_batch_current_max_tokens 10\ntgi_batch_max_total_tokens 0\n")
     assert tgi.kv_usage is None  # no capacity, no fraction
 
 

@@ -27,7 +27,7 @@ from huggingface_hub import InferenceClient
 from text_generation import Client as TGIClient
 
 from engines import Engine, VllmSpec, vllms
-from gateway.fleet.engine_signals import parse_lora_info
+from gateway.engines.vllm import parse_lora_info
 from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer

@@ -5,8 +5,9 @@ and errors in, bodies, events and errors out; the relay does the I/O and holds n
 Same-dialect traffic passes through (``passthrough``). Between the OpenAI and TGI dialects:
 
 - TGI client (``/generate``, ``/generate_stream``, ``POST /``) on an OpenAI-dialect engine
-  (vllm, sglang, llamacpp, openai): through its ``/v1/completions``
-  (``tgi_request.TGI_TO_OPENAI``, ``tgi_response``).
+  (vllm, sglang, llamacpp, openai, ...): through its ``/v1/completions``
+  (``tgi_request.TGI_TO_OPENAI``, ``tgi_response``), as the engine's profile says
+  (``gateway/engines/``).
 - OpenAI ``/v1/completions`` on a TGI older than 1.4.4 (no ``/v1/completions``): through
   ``/generate(_stream)`` (``openai_to_tgi.OPENAI_TO_TGI``). OpenAI chat on TGI uses TGI's own
   Messages API (TGI >= 1.4.0), untranslated.
@@ -23,9 +24,10 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import orjson
 
+from gateway import engines
+from gateway.engines import Engine
 from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
 from gateway.protocol import responses as responses_api
-from gateway.protocol.pooling import refusal as pooling_refusal
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
 from gateway.protocol.translate.passthrough import PassThrough
@@ -138,15 +140,22 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
             has_tokenizer: bool) -> GatewayError | None:
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
+    profile = engines.get(engine)
     if request.pooling:
-        return pooling_refusal(request.path, engine, request.api)
-    if request.path == responses_api.PATH:
-        return responses_api.refusal(engine)
-    if request.api is Api.TGI:
-        if engine == "tgi":
+        routes = profile.tgi_routes if request.api is Api.TGI else profile.pooling_routes
+        if request.path in routes:
             return None
-        return tgi_request.refusal(_tgi_parameters(request), engine, request.stream, has_tokenizer)
-    if engine != "tgi":
+        return ApiNotServed(f"{request.path} is not served by {engine} replicas", param=None)
+    if request.path == responses_api.PATH:
+        if profile.serves_responses:
+            return None
+        return ApiNotServed(f"{responses_api.PATH} is not served by {engine} replicas")
+    if request.api is Api.TGI:
+        if profile.api is Api.TGI:
+            return None
+        return tgi_request.refusal(_tgi_parameters(request), profile, request.stream,
+                                   has_tokenizer)
+    if profile.api is not Api.TGI:
         return None
     if request.is_chat:
         if _at_least(version, TGI_MESSAGES_API):
@@ -158,12 +167,12 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
     return openai_to_tgi.refusal(request.body)
 
 
-class Engine(Protocol):
+class EngineReplica(Protocol):
     engine: str
     version: str | None
 
 
-E = TypeVar("E", bound=Engine)
+E = TypeVar("E", bound=EngineReplica)
 
 
 def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool) -> list[E]:
@@ -185,19 +194,20 @@ def plan(request: GenerationRequest, engine: str, version: str | None, model: st
     """How ``request`` reaches a replica of ``engine``: translated, or passed through."""
     if request.path == responses_api.PATH:
         return ResponsesPassThrough(request)
-    if request.api is Api.TGI and engine != "tgi":
-        return _tgi_on_openai(request, engine, model, tokenizer, window)
-    if (request.api is Api.OPENAI and engine == "tgi" and not request.is_chat
+    profile = engines.get(engine)
+    if request.api is Api.TGI and profile.api is not Api.TGI:
+        return _tgi_on_openai(request, profile, model, tokenizer, window)
+    if (request.api is Api.OPENAI and profile.api is Api.TGI and not request.is_chat
             and not _at_least(version, TGI_COMPLETIONS_API)):
         return _completions_on_tgi(request, version, tokenizer)
     return PassThrough(request)
 
 
-def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
+def _tgi_on_openai(request: GenerationRequest, engine: Engine, model: str,
                    tokenizer: ModelTokenizer | None, window: int | None) -> Translated:
     p = _tgi_parameters(request)
     prompt_ids = None
-    if p.truncate is not None and engine != "vllm" and tokenizer is not None:
+    if p.truncate is not None and not engine.truncates_prompt and tokenizer is not None:
         prompt_ids = tokenizer.encode(p.inputs)[-p.truncate:]  # TGI keeps the last tokens
     prompt_tokens = None
     if p.max_new_tokens is None and tokenizer is not None:
@@ -206,7 +216,7 @@ def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
             prompt_tokens = min(prompt_tokens, p.truncate)
     max_tokens = tgi_request.max_tokens_for(p, window, prompt_tokens)
     body, seed = tgi_request.openai_body(p, engine, model, request.stream, max_tokens, prompt_ids)
-    needs_texts = tokenizer is not None and (p.top_n_tokens > 0 or engine == "vllm")
+    needs_texts = tokenizer is not None and (p.top_n_tokens > 0 or engine.top_tokens_as_ids)
 
     def texts() -> TokenTexts | None:
         return TokenTexts(tokenizer) if needs_texts and tokenizer is not None else None
@@ -215,7 +225,7 @@ def _tgi_on_openai(request: GenerationRequest, engine: str, model: str,
         return tgi_response.TgiStream(p, engine, max_tokens, texts(), seed)
 
     def answer(content: bytes, headers: Mapping[str, str]) -> tuple[bytes, Usage]:
-        if engine == "llamacpp":  # asked for a stream either way (tgi_request.openai_body)
+        if engine.tgi_always_streams:  # asked for a stream either way (tgi_request.openai_body)
             return tgi_response.tgi_body_from_stream(p, engine, max_tokens, content, texts(),
                                                      seed, compat=request.path == "/")
         return tgi_response.tgi_body(p, engine, _json_object(content), texts(), seed,

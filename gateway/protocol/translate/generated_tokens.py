@@ -64,13 +64,14 @@ def _top(candidates: list[Token], n: int) -> list[Token]:
     return sorted(candidates, key=lambda t: -(t.logprob if t.logprob is not None else -1e30))[:n]
 
 
-def choice_tokens(choice: dict[str, Any], engine: str, top_n: int,
+def choice_tokens(choice: dict[str, Any], content_logprobs: bool, top_n: int,
                   texts: TokenTexts | None) -> list[Token]:
-    """Each token of ``choice`` (a whole response's or one stream chunk's), in order."""
+    """Each token of ``choice`` (a whole response's or one stream chunk's), in order;
+    ``content_logprobs``: the engine reports them chat-style (``Engine.content_logprobs``)."""
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         return []
-    if engine == "llamacpp":
+    if content_logprobs:
         return [_llamacpp_token(entry, top_n) for entry in logprobs.get("content") or []
                 if isinstance(entry, dict)]
     strings = logprobs.get("tokens") or []

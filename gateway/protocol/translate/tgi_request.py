@@ -2,9 +2,9 @@
 engine's ``/v1/completions`` body (the TGI -> OpenAI request table).
 
 ``TGI_TO_OPENAI`` is the table: for every TGI parameter, the ``/v1/completions`` field it
-becomes on each OpenAI-dialect engine, or ``None`` where that engine has no equivalent (the
-request is then refused with a 422 naming the parameter, never sent without it). The README's
-table is this one.
+becomes on each OpenAI-dialect engine (``Engine.tgi_parameters``, its column), or ``None``
+where that engine has no equivalent (the request is then refused with a 422 naming the
+parameter, never sent without it). docs/translation.md's table is this one.
 """
 
 from __future__ import annotations
@@ -16,52 +16,22 @@ from typing import Any, Callable
 
 import orjson
 
-from gateway.fleet.replica import ENGINES
-from gateway.protocol.errors import InvalidRequest
+from gateway import engines
+from gateway.engines import Engine
+from gateway.protocol.errors import Api, InvalidRequest
 from gateway.protocol.request import field
 
-OPENAI_ENGINES = tuple(engine for engine in ENGINES if engine != "tgi")
-
-
-def _all(name: str) -> dict[str, str | None]:
-    return {engine: name for engine in OPENAI_ENGINES}
-
-
-# TGI parameter -> the /v1/completions field(s) on vllm, sglang, llamacpp, openai.
+# The engines a TGI client reaches through /v1/completions, in the table's column order.
+OPENAI_ENGINES = tuple(name for name, engine in engines.ENGINES.items() if engine.api is Api.OPENAI)
+_PARAMETERS = ("inputs", "max_new_tokens", "do_sample", "temperature", "top_p", "top_k",
+               "typical_p", "repetition_penalty", "frequency_penalty", "seed", "stop", "truncate",
+               "return_full_text", "best_of", "details", "decoder_input_details", "top_n_tokens",
+               "grammar", "adapter_id", "watermark")
+# TGI parameter -> engine -> the /v1/completions field(s) (each engine's column is its own).
 TGI_TO_OPENAI: dict[str, dict[str, str | None]] = {
-    "inputs": _all("prompt"),
-    "max_new_tokens": _all("max_tokens"),
-    "do_sample": _all("temperature"),  # greedy (do_sample false, no warper) -> temperature 0
-    "temperature": _all("temperature"),
-    "top_p": _all("top_p"),
-    "top_k": {"vllm": "top_k", "sglang": "top_k", "llamacpp": "top_k", "openai": None},
-    "typical_p": {"vllm": None, "sglang": None, "llamacpp": "typical_p", "openai": None},
-    "repetition_penalty": {"vllm": "repetition_penalty", "sglang": "repetition_penalty",
-                           "llamacpp": "repeat_penalty", "openai": None},
-    "frequency_penalty": _all("frequency_penalty"),
-    "seed": _all("seed"),
-    "stop": {"vllm": "stop + include_stop_str_in_output", "sglang": "stop + no_stop_trim",
-             "llamacpp": None, "openai": None},
-    "truncate": {"vllm": "truncate_prompt_tokens", "sglang": "prompt (token ids)",
-                 "llamacpp": "prompt (token ids)", "openai": "prompt (token ids)"},
-    "return_full_text": _all("(the gateway prepends inputs)"),
-    "best_of": {"vllm": "n + logprobs", "sglang": "n + logprobs", "llamacpp": None,
-                "openai": "n + logprobs"},
-    "details": {"vllm": "logprobs + return_token_ids", "sglang": "logprobs + return_token_ids",
-                "llamacpp": "logprobs", "openai": None},
-    "decoder_input_details": {"vllm": "prompt_logprobs + return_token_ids", "sglang": None,
-                              "llamacpp": None, "openai": None},
-    "top_n_tokens": {"vllm": "logprobs + return_tokens_as_token_ids", "sglang": None,
-                     "llamacpp": "logprobs", "openai": None},
-    "grammar": {"vllm": "structured_outputs", "sglang": "json_schema / regex",
-                "llamacpp": "json_schema", "openai": None},
-    "adapter_id": {"vllm": "model", "sglang": "lora_path", "llamacpp": None, "openai": None},
-    "watermark": {engine: None for engine in OPENAI_ENGINES},
-}
+    name: {engine: engines.get(engine).tgi_parameters.get(name) for engine in OPENAI_ENGINES}
+    for name in _PARAMETERS}
 
-# Where a stream's token events need what the engine may not give (ids, logprobs).
-STREAM_FIELDS = {"vllm": "logprobs + return_token_ids", "sglang": "logprobs + return_token_ids",
-                 "llamacpp": "logprobs", "openai": None}
 # Without max_new_tokens: TGI >= 3.0 generates up to the window (needs the prompt count),
 # TGI < 3.0 generated 100 tokens.
 PRE_3_DEFAULT_MAX_NEW_TOKENS = 100
@@ -232,31 +202,32 @@ class CannotHonour(InvalidRequest):
     reason = "unsupported_parameter"
 
 
-def refusal(p: TgiParameters, engine: str, stream: bool,
+def refusal(p: TgiParameters, engine: Engine, stream: bool,
             has_tokenizer: bool) -> CannotHonour | None:
     """Why ``engine`` cannot serve these parameters exactly (None: it can)."""
-    if stream and STREAM_FIELDS[engine] is None:
-        return CannotHonour(f"Input validation error: streaming from {engine} replicas is not "
-                            f"possible: TGI token events carry token ids, which the engine does "
-                            f"not report", param="stream")
+    if stream and engine.tgi_stream_fields is None:
+        return CannotHonour(f"Input validation error: streaming from {engine.name} replicas is "
+                            f"not possible: TGI token events carry token ids, which the engine "
+                            f"does not report", param="stream")
     for name in p.given():
-        if TGI_TO_OPENAI[name][engine] is not None:
+        if engine.tgi_parameters.get(name) is not None:
             continue
         return CannotHonour(f"Input validation error: `{name}` cannot be honoured by the "
-                            f"{engine} replicas serving this model (no equivalent in its "
+                            f"{engine.name} replicas serving this model (no equivalent in its "
                             f"/v1/completions)", param=f"parameters.{name}")
-    if p.grammar is not None and p.grammar[0] == "regex" and engine == "llamacpp":
-        return CannotHonour("Input validation error: `grammar` of type `regex` cannot be "
-                            "honoured by llamacpp replicas (it takes JSON schemas and GBNF "
-                            "grammars, not regexes)", param="parameters.grammar")
-    if p.top_n_tokens and engine == "vllm" and not has_tokenizer:
-        return CannotHonour("Input validation error: `top_n_tokens` on vllm replicas needs the "
-                            "model's tokenizer in the gateway config (vLLM reports the top "
-                            "tokens' ids without their text)", param="parameters.top_n_tokens")
-    if p.truncate is not None and engine != "vllm" and not has_tokenizer:
-        return CannotHonour(f"Input validation error: `truncate` on {engine} replicas needs the "
-                            f"model's tokenizer in the gateway config (the gateway truncates the "
-                            f"prompt itself)", param="parameters.truncate")
+    if p.grammar is not None and p.grammar[0] == "regex" and not engine.accepts_regex_grammar:
+        return CannotHonour(f"Input validation error: `grammar` of type `regex` cannot be "
+                            f"honoured by {engine.name} replicas (it takes JSON schemas and GBNF "
+                            f"grammars, not regexes)", param="parameters.grammar")
+    if p.top_n_tokens and engine.top_tokens_as_ids and not has_tokenizer:
+        return CannotHonour(f"Input validation error: `top_n_tokens` on {engine.name} replicas "
+                            f"needs the model's tokenizer in the gateway config ({engine.title} "
+                            f"reports the top tokens' ids without their text)",
+                            param="parameters.top_n_tokens")
+    if p.truncate is not None and not engine.truncates_prompt and not has_tokenizer:
+        return CannotHonour(f"Input validation error: `truncate` on {engine.name} replicas needs "
+                            f"the model's tokenizer in the gateway config (the gateway truncates "
+                            f"the prompt itself)", param="parameters.truncate")
     return None
 
 
@@ -271,23 +242,18 @@ def draw_seed() -> int:
     return random.getrandbits(63)
 
 
-def openai_body(p: TgiParameters, engine: str, model: str, stream: bool,
+def openai_body(p: TgiParameters, engine: Engine, model: str, stream: bool,
                 max_tokens: int, prompt_ids: list[int] | None,
                 seed_source: Callable[[], int] = draw_seed) -> tuple[dict[str, Any], int | None]:
     """The ``/v1/completions`` body for ``engine``, and the seed to report (TGI reports the
     seed of a sampled request, its own or a drawn one; none for greedy decoding)."""
-    names = {name: TGI_TO_OPENAI[name][engine] for name in TGI_TO_OPENAI}
-    # llama.cpp is always asked for a stream, with its count of generated tokens per chunk
-    # (``timings_per_token``): it merges tokens that end inside a UTF-8 character into the
-    # chunk of the token that completes the character, and only a chunk's count says how
-    # many it holds; a whole answer has no such count (``tgi_response.tgi_body_from_stream``).
-    stream = stream or engine == "llamacpp"
+    names = engine.tgi_parameters
+    stream = stream or engine.tgi_always_streams
     body: dict[str, Any] = {"model": model, "prompt": prompt_ids if prompt_ids is not None
                             else p.inputs, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if engine == "llamacpp":
-        body["timings_per_token"] = True
+    body.update(engine.tgi_extra_fields)
     seed = None
     if p.sampling:
         body["temperature"] = 1.0 if p.temperature is None else p.temperature
@@ -310,36 +276,23 @@ def openai_body(p: TgiParameters, engine: str, model: str, stream: bool,
         body["frequency_penalty"] = p.frequency_penalty
     if p.stop:
         body["stop"] = p.stop
-        if engine == "vllm":
-            body["include_stop_str_in_output"] = True  # TGI's text ends with the stop sequence
-        elif engine == "sglang":
-            body["no_stop_trim"] = True
+        body.update(engine.tgi_stop_fields)  # TGI's text ends with the stop sequence
     if p.truncate is not None and prompt_ids is None:
         body["truncate_prompt_tokens"] = p.truncate  # vLLM keeps the last N, as TGI does
     if p.best_of > 1:
         body["n"] = p.best_of
     if wants_logprobs(p, stream):
-        body["logprobs"] = p.top_n_tokens or (1 if engine == "llamacpp" else 0)
-        if engine in ("vllm", "sglang"):
+        body["logprobs"] = p.top_n_tokens or engine.tgi_min_logprobs
+        if engine.asks_token_ids:
             body["return_token_ids"] = True
-        if engine == "vllm" and p.top_n_tokens:
+        if engine.top_tokens_as_ids and p.top_n_tokens:
             body["return_tokens_as_token_ids"] = True  # the top tokens' ids
     if p.decoder_input_details:
         body["prompt_logprobs"] = 0
     if p.grammar is not None:
-        kind, value = p.grammar
-        if engine == "vllm":
-            body["structured_outputs"] = {kind: value}
-        elif engine == "sglang":
-            body["json_schema" if kind == "json" else "regex"] = (
-                orjson.dumps(value).decode() if kind == "json" else value)
-        else:
-            body["json_schema"] = value
+        body.update(engine.grammar_fields(*p.grammar))
     if p.adapter_id is not None:
-        if engine == "vllm":
-            body["model"] = p.adapter_id  # vLLM serves a LoRA adapter under its own name
-        else:
-            body["lora_path"] = p.adapter_id
+        body[engine.adapter_field] = p.adapter_id
     return body, seed
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from gateway.engines import Engine
 from gateway.protocol.translate.sse import TranslatingReader, payloads
 from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
 from gateway.protocol.translate.generated_tokens import (Token, TokenTexts, choice_tokens, mark_eos,
@@ -25,14 +26,14 @@ from gateway.protocol.usage import Usage
 DATA = b"data: "
 
 
-def finish_reason(choice: dict[str, Any], engine: str) -> str:
+def finish_reason(choice: dict[str, Any], stop_reason_key: str) -> str:
     """OpenAI ``finish_reason`` -> TGI's: ``stop`` is ``stop_sequence`` when the engine names
-    the stop string that matched (vLLM ``stop_reason``, SGLang ``matched_stop``), else the
-    end-of-sequence token."""
+    the stop string that matched (``Engine.stop_reason_key``: vLLM ``stop_reason``, SGLang
+    ``matched_stop``), else the end-of-sequence token."""
     reason = choice.get("finish_reason")
     if reason == "length":
         return "length"
-    matched = choice.get("stop_reason" if engine == "vllm" else "matched_stop")
+    matched = choice.get(stop_reason_key)
     return "stop_sequence" if isinstance(matched, str) else "eos_token"
 
 
@@ -47,10 +48,12 @@ class TgiStream(TranslatingReader):
     for the client and the number of tokens the engine generated in that read.
     """
 
-    def __init__(self, params: TgiParameters, engine: str, max_tokens: int,
+    def __init__(self, params: TgiParameters, engine: Engine, max_tokens: int,
                  texts: TokenTexts | None, seed: int | None) -> None:
         self.params = params
-        self.engine = engine
+        # What the engine's chunks look like, read once here rather than per token.
+        self.content_logprobs = engine.content_logprobs
+        self.stop_reason_key = engine.stop_reason_key
         self.max_tokens = max_tokens
         self.texts = texts
         self.seed = seed
@@ -112,14 +115,15 @@ class TgiStream(TranslatingReader):
     def _choice(self, choice: dict[str, Any], out: list[bytes], generated: int | None) -> int:
         self.text.append(choice.get("text") or "")
         reason = choice.get("finish_reason")
-        tokens = choice_tokens(choice, self.engine, self.params.top_n_tokens, self.texts)
+        tokens = choice_tokens(choice, self.content_logprobs, self.params.top_n_tokens,
+                               self.texts)
         if generated is not None and generated > len(tokens):
             # Tokens counted but not reported: those ending inside a character, merged into
             # the chunk that completes it, and a last one whose character never completes,
             # counted only in the finishing chunk (no text, no logprobs).
             tokens = merged_tokens(generated - len(tokens), self.params.top_n_tokens) + tokens
         if reason is not None:
-            self.finish = self.usage.finish_reason = finish_reason(choice, self.engine)
+            self.finish = self.usage.finish_reason = finish_reason(choice, self.stop_reason_key)
             mark_eos(tokens, self.finish == "eos_token", self.texts)
         for token in tokens:
             if self.held is not None:
@@ -184,7 +188,7 @@ class TgiStream(TranslatingReader):
                             "incomplete_generation")
 
 
-def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
+def tgi_body(params: TgiParameters, engine: Engine, response: dict[str, Any],
              texts: TokenTexts | None, seed: int | None, compat: bool) -> tuple[bytes, Usage]:
     """A ``/generate`` answer (``POST /``: a list of one) from a ``/v1/completions`` body."""
     choices = [c for c in response.get("choices") or [] if isinstance(c, dict)]
@@ -197,8 +201,8 @@ def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
     for choice in choices:
         if texts is not None:
             texts.ids = []
-        tokens = choice_tokens(choice, engine, top_n, texts)
-        reason = finish_reason(choice, engine)
+        tokens = choice_tokens(choice, engine.content_logprobs, top_n, texts)
+        reason = finish_reason(choice, engine.stop_reason_key)
         mark_eos(tokens, reason == "eos_token", texts)
         sequences.append((choice, tokens, reason))
     if len(sequences) > 1:  # best_of: the sequence of highest mean logprob, as TGI picks
@@ -231,7 +235,7 @@ def tgi_body(params: TgiParameters, engine: str, response: dict[str, Any],
     return orjson.dumps([out] if compat else out), counted
 
 
-def tgi_body_from_stream(params: TgiParameters, engine: str, max_tokens: int, content: bytes,
+def tgi_body_from_stream(params: TgiParameters, engine: Engine, max_tokens: int, content: bytes,
                          texts: TokenTexts | None, seed: int | None,
                          compat: bool) -> tuple[bytes, Usage]:
     """A ``/generate`` answer from the engine's whole stream (llama.cpp: see ``openai_body``):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from gateway.balance.adapter_affinity import prefer_adapter
-from gateway.fleet.engine_signals import parse_lora_info, parse_signals
+from gateway.engines import vllm
+from gateway.engines.vllm import parse_lora_info
 from gateway.fleet.replica import EngineSignals, Replica
 
 TEXT = """# HELP vllm:lora_requests_info Running stats on lora requests.
@@ -20,7 +21,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 3.0
 
 def test_the_newest_lora_info_sample_counts() -> None:
     assert parse_lora_info(TEXT) == (frozenset({"sql", "chat"}), frozenset({"fin"}), 2)
-    signals = parse_signals("vllm", TEXT)
+    signals = vllm.ENGINE.parse_signals(TEXT)
     assert signals.running == 3 and signals.max_lora == 2
     assert signals.lora_running == {"sql", "chat"} and signals.lora_waiting == {"fin"}
 
@@ -28,7 +29,7 @@ def test_the_newest_lora_info_sample_counts() -> None:
 def test_no_lora_info_or_garbage_is_none() -> None:
     assert parse_lora_info("vllm:num_requests_running 1\n") is None
     assert parse_lora_info('vllm:lora_requests_info{max_lora="x"} nope\n') is None
-    assert parse_signals("vllm", "").lora_running is None
+    assert vllm.ENGINE.parse_signals("").lora_running is None
     idle = parse_lora_info('vllm:lora_requests_info{max_lora="1",running_lora_adapters="",'
                            'waiting_lora_adapters=""} 5\n')
     assert idle == (frozenset(), frozenset(), 1)

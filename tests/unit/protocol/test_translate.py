@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from support import ROOT
+from gateway import engines
 from gateway.protocol.errors import Api, ApiNotServed, InvalidRequest, error_from_engine
 from gateway.protocol.openai import parse_chat, parse_completion
 from gateway.protocol.tgi import parse_generate
@@ -127,7 +128,7 @@ def test_servable_keeps_the_replicas_that_can_and_names_why_none_can() -> None:
 
 def body_for(parameters: dict, engine: str, stream: bool = False, **kwargs) -> tuple[dict, int | None]:
     p = parse_parameters({"inputs": INPUTS, "parameters": parameters}, stream, False)
-    return openai_body(p, engine, "m", stream, 10, None, seed_source=lambda: 99, **kwargs)
+    return openai_body(p, engines.get(engine), "m", stream, 10, None, seed_source=lambda: 99, **kwargs)
 
 
 def test_request_mapping() -> None:
@@ -192,7 +193,7 @@ VLLM_STREAM = (_vllm_chunk(" The", 10, -0.5) + _vllm_chunk(" \"cat\"", 11, -0.25
 def translate_stream(data: bytes, cuts: list[int], parameters: dict, engine: str = "vllm",
                      max_tokens: int = 10) -> tuple[bytes, object]:
     p = parse_parameters({"inputs": INPUTS, "parameters": parameters}, True, False)
-    reader = TgiStream(p, engine, max_tokens, None, None)
+    reader = TgiStream(p, engines.get(engine), max_tokens, None, None)
     out, tokens = b"", 0
     for start, end in zip([0, *cuts], [*cuts, len(data)]):
         piece, n = reader.feed(data[start:end])
@@ -217,12 +218,12 @@ def test_tgi_events_from_a_vllm_stream_under_any_segmentation() -> None:
 
 def test_final_event_waits_for_usage_only_when_details_need_it() -> None:
     p = parse_parameters({"inputs": INPUTS, "parameters": {}}, True, False)
-    reader = TgiStream(p, "vllm", 10, None, None)
+    reader = TgiStream(p, engines.get("vllm"), 10, None, None)
     last = _vllm_chunk(" sat", 12, -1.0, "length")
     out, _ = reader.feed(_vllm_chunk(" The", 10, -0.5) + last)
     assert out.count(b'"generated_text":" The sat","details":null') == 1  # no wait
     p = parse_parameters({"inputs": INPUTS, "parameters": {"details": True}}, True, False)
-    reader = TgiStream(p, "vllm", 10, None, None)
+    reader = TgiStream(p, engines.get("vllm"), 10, None, None)
     out, _ = reader.feed(_vllm_chunk(" The", 10, -0.5) + last)
     assert b"generated_text\":\" The sat" not in out and out.count(b"data: ") == 1
 
@@ -333,7 +334,7 @@ def test_tgi_body_picks_the_best_of_and_lists_the_others() -> None:
                 "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
     p = parse_parameters({"inputs": INPUTS, "parameters": {"best_of": 2, "do_sample": True,
                                                            "details": True}}, False, False)
-    body, usage = tgi_body(p, "vllm", response, None, None, compat=True)
+    body, usage = tgi_body(p, engines.get("vllm"), response, None, None, compat=True)
     out = orjson.loads(body)
     assert isinstance(out, list) and out[0]["generated_text"] == " better"
     assert out[0]["details"]["best_of_sequences"][0]["generated_text"] == " worse"
