@@ -17,7 +17,8 @@ start; a series that reset or began inside the window counts from 0), summed ove
   allow.
 - Error rate and output agreement are counts: nothing is lost (requests served and failed
   from ``llm_gateway_requests_total``; pairs from ``llm_gateway_shadow_pairs_total`` and
-  ``..._prefix_agreed_total``).
+  ``..._prefix_agreed_total``, dropped and skipped ones from ``..._pairs_dropped_total`` and
+  ``llm_gateway_shadow_skipped_total``).
 - The window's edges fall on scrapes: requests that ended in the last scrape interval may
   be missing.
 """
@@ -140,9 +141,10 @@ def pair_counts(prom: Prometheus, model: str, pool: str, start: float,
                  "greedy", ',greedy="true"')
     dropped = _by(prom, "llm_gateway_shadow_pairs_dropped_total", model, pool, start, end,
                   "reason")
+    skipped = _by(prom, "llm_gateway_shadow_skipped_total", model, pool, start, end, "reason")
     return {"greedy_compared": sum(greedy.values()), "agreed": greedy.get("agreed", 0),
             "prefix_agreed": prefix.get("true", 0), "not_greedy": sum(sampled.values()),
-            "dropped": sum(dropped.values())}
+            "dropped": sum(dropped.values()), "skipped": sum(skipped.values())}
 
 
 def judge_from_prometheus(prom: Prometheus, model: str, baseline: str, canary: str,

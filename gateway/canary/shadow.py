@@ -5,8 +5,9 @@ The copy starts once the primary is placed and answering (its first token is rea
 whole body), in a task of its own that the client's path never awaits: the client only ever
 sees (and waits for) the primary, and the copy's admission (tokenizing, chat template) and
 connection set-up never land inside the primary's time to first token. At most
-``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted,
-as is a copy whose pool has no free slot (copies never wait in the clients' queue).
+``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted
+(in /metrics, the disagreements view and the verdict's pairs), as is a copy whose pool has
+no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
 request, labelled ``role="shadow"``; it is never retried, and its failures neither eject
 nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
@@ -24,7 +25,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from gateway.canary.agreement import Agreement, Pair, TextCollector
+from gateway.canary.agreement import Agreement, Pair, TextCollector, is_greedy
 from gateway.dataplane.outcome import RequestRecord
 from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
@@ -83,8 +84,8 @@ class Shadows:
             if target.sample < 1.0 and self.rng.random() >= target.sample:
                 continue
             if self.in_flight >= self.max_in_flight:
-                self.metrics.shadow_skipped.labels(model.name, target.name,
-                                                   "in_flight_limit").inc()
+                self.agreement.skipped(model.name, target.name, "in_flight_limit",
+                                       is_greedy(request))
                 continue
             if primary is None:
                 primary = _PrimaryText(request.api, self.agreement.max_chars)
@@ -114,8 +115,7 @@ class Shadows:
                 # Never queued: a copy waiting for a slot would take a client's place.
                 placement = await self.placer.place(model, admission, wait=False)
             except GatewayError as error:
-                reason = "no_slot" if isinstance(error, Overloaded) else "rejected"
-                self.metrics.shadow_skipped.labels(pair.model, pair.pool, reason).inc()
+                pair.skip("no_slot" if isinstance(error, Overloaded) else "rejected")
                 log.debug("shadow copy to %s not sent: %s", pair.pool, error.message)
                 return
             try:
