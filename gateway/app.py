@@ -33,7 +33,7 @@ from gateway.canary.guard import CanaryGuard
 from gateway.canary.sample_source import SampleSource
 from gateway.canary.samples import SampleBook
 from gateway.canary.shadow import Shadows
-from gateway.canary.split import PoolSplit
+from gateway.balance.pool_split import PoolSplit
 from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
 from gateway.dataplane import listeners
