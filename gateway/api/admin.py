@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canary.judging import CanaryError, judge_records, plan, since
+from gateway.canary.verdict_plan import CanaryError, judge_records, plan, since
 from gateway.config import Engine
 from gateway.fleet.replica import Replica
 
@@ -202,7 +202,7 @@ async def _verdict(request: Request, model: str, baseline: str | None, canary: s
 async def canary_verdict(request: Request, model: str, baseline: str | None = None,
                          canary: str | None = None, reference: str | None = None,
                          window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
-    """The canary verdict over the last ``window`` seconds (gateway/canary/judging.py)."""
+    """The canary verdict over the last ``window`` seconds (gateway/canary/verdict_plan.py)."""
     return await _verdict(request, model, baseline, canary, reference, window)
 
 

@@ -1,4 +1,5 @@
-"""Output agreement of shadowed pairs: did the canary say what the baseline said?
+"""Output agreement of shadowed pairs, measured as they end: did the canary say what the
+baseline said? (Judged as a verdict's metric in gateway/canary/agreement_metric.py.)
 
 Each side's generated text is read from the bytes its client would get (the primary's are
 the bytes the client does get), only for requests that have a shadow: ``TextCollector``

@@ -2,7 +2,7 @@
 
   llm-gateway canary report --prometheus URL --model M --baseline B --canary C [--window 30m]
 
-The same metrics, classes and score as the sample-based verdict (gateway/canary/judge.py),
+The same metrics, classes and score as the sample-based verdict (gateway/canary/verdict.py),
 computed from what the gateways export: for each pool, how much each histogram bucket and
 counter grew over the window (per series, the value at the window's end less the value at its
 start; a series that reset or began inside the window counts from 0), summed over instances.
@@ -33,8 +33,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS, judge_agreement
-from gateway.canary.judge import (EXIT_CODES, LATENCY_METRICS, classify_change,
+from gateway.canary.agreement_metric import AGREEMENT_METRICS, judge_agreement
+from gateway.canary.verdict import (EXIT_CODES, LATENCY_METRICS, classify_change,
                                   judge_error_counts, latency_header, score)
 from gateway.canary.stats import bucket_of, median_change_grouped, mann_whitney_grouped
 from gateway.config import CanaryJudgeConfig

@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS
+from gateway.canary.agreement_metric import AGREEMENT_METRICS
 
 
 # --- the CLI ---------------------------------------------------------------------------------

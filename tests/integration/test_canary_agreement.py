@@ -16,7 +16,7 @@ import httpx
 import pytest
 from scipy import stats as scipy_stats
 
-from gateway.canary.judge import verdict
+from gateway.canary.verdict import verdict
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import proportion_difference, score_test, wilson
 from gateway.config import CanaryJudgeConfig
