@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from types import FrameType
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -23,6 +23,7 @@ from gateway import observe
 from gateway.access.control import AccessControl
 from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses, tgi_info,
                          unknown_route)
+from gateway.api.admin_view import AdminView
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -215,6 +216,20 @@ class Gateway:
             raise NotSent(error) from error
         return await self.relay.forward(request, placement, record)
 
+    def activity(self) -> dict[str, Any]:
+        """What is inside now (requests, shadow copies, queues): /admin/runtime's leak checks."""
+        return {"active_requests": self.active_requests, "draining": self.draining,
+                "shadow_in_flight": self.shadows.in_flight,
+                "queued": {name: self.placer.queued(name) for name in self.models}}
+
+    def admin_view(self) -> AdminView:
+        """The part of the gateway the admin routes see."""
+        settings = self.settings
+        return AdminView(settings.admin_token, settings.canary.gate_token, settings.canary,
+                         settings.redis_timeout, self.fleet, self.ledger.load, self.weights,
+                         self.canary_samples, self.guard.rollbacks, self.agreement, self.access,
+                         self.activity)
+
     async def _probe_new(self, replica: Replica) -> bool:
         await discover_window(self.probe_session, replica, self.settings.health.timeout)
         return await self.health.check(replica)
@@ -284,6 +299,7 @@ def create_app(settings: Settings) -> GatewayApp:
 
     app = FastAPI(title="llm-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.admin = gateway.admin_view()
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
     generation = [
