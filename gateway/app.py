@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from types import FrameType
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -23,6 +23,7 @@ from gateway import observe
 from gateway.access.control import AccessControl
 from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses, tgi_info,
                          unknown_route)
+from gateway.api.admin_view import AdminView
 from gateway.api.generation import GenerationEndpoint
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -32,16 +33,17 @@ from gateway.canary.fleet_samples import FleetSamples
 from gateway.canary.guard import CanaryGuard
 from gateway.canary.sample_source import SampleSource
 from gateway.canary.samples import SampleBook
-from gateway.canary.shadow import Shadows
-from gateway.canary.split import PoolSplit
+from gateway.canary.shadow import NotSent, Shadows
+from gateway.balance.pool_split import PoolSplit
 from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
 from gateway.dataplane import listeners
 from gateway.dataplane.admission import Admitter
 from gateway.dataplane.attempts import Attempts
-from gateway.dataplane.outcome import Outcomes
+from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
+from gateway.dataplane.reply import Reply
 from gateway.dataplane.response_homes import Homes, ResponseHomes
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
@@ -58,7 +60,8 @@ from gateway.metrics import CanaryMetrics, make_metrics
 from gateway.protocol import openai as openai_protocol
 from gateway.protocol import pooling, responses
 from gateway.protocol import tgi as tgi_protocol
-from gateway.protocol.errors import Api
+from gateway.protocol.errors import Api, GatewayError
+from gateway.protocol.request import GenerationRequest
 from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync
 from gateway.upstream import UpstreamPool
@@ -118,8 +121,8 @@ class Gateway:
         self.agreement = Agreement(self.canary_metrics, canary.agreement_max_chars,
                                    canary.disagreements_kept, self.samples,
                                    canary.judge.agreement.prefix_chars)
-        self.shadows = Shadows(self.admitter, self.placer, lambda: self.relay,
-                               self.canary_metrics, self.agreement, canary.max_shadow_in_flight)
+        self.shadows = Shadows(self._serve_copy, self.models, self.canary_metrics,
+                               self.agreement, canary.max_shadow_in_flight)
         self.metrics.watch_replicas(lambda: self.replicas, self.ledger,
                                     scheduling.signals_interval * scheduling.signals_max_age)
         self.metrics.start_at_zero(self.models)
@@ -199,6 +202,34 @@ class Gateway:
                      replica.engine, replica.pool, replica.model, replica.max_model_len,
                      "healthy" if replica.healthy else "UNHEALTHY")
 
+    async def _serve_copy(self, request: GenerationRequest, record: RequestRecord) -> Reply:
+        """A shadow copy's way (the Shadows' one callable): admitted and placed as any request,
+        then relayed (by the relay the gateway started)."""
+        try:
+            model, admission = self.admitter.admit(request)
+            # No session: the balancer would remember the shadow replica as the session's
+            # last one, and the session's next request would lose its replica affinity.
+            admission.cost.session = None
+            # Never queued: a copy waiting for a slot would take a client's place.
+            placement = await self.placer.place(model, admission, wait=False)
+        except GatewayError as error:
+            raise NotSent(error) from error
+        return await self.relay.forward(request, placement, record)
+
+    def activity(self) -> dict[str, Any]:
+        """What is inside now (requests, shadow copies, queues): /admin/runtime's leak checks."""
+        return {"active_requests": self.active_requests, "draining": self.draining,
+                "shadow_in_flight": self.shadows.in_flight,
+                "queued": {name: self.placer.queued(name) for name in self.models}}
+
+    def admin_view(self) -> AdminView:
+        """The part of the gateway the admin routes see."""
+        settings = self.settings
+        return AdminView(settings.admin_token, settings.canary.gate_token, settings.canary,
+                         settings.redis_timeout, self.fleet, self.ledger.load, self.weights,
+                         self.canary_samples, self.guard.rollbacks, self.agreement, self.access,
+                         self.activity)
+
     async def _probe_new(self, replica: Replica) -> bool:
         await discover_window(self.probe_session, replica, self.settings.health.timeout)
         return await self.health.check(replica)
@@ -268,6 +299,7 @@ def create_app(settings: Settings) -> GatewayApp:
 
     app = FastAPI(title="llm-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.admin = gateway.admin_view()
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
     generation = [

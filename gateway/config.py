@@ -219,8 +219,8 @@ class CanaryThresholds(_Strict):
 
 
 class CanaryAgreementConfig(_Strict):
-    """Output agreement of a shadow pool's greedy pairs, judged (gateway/canary/judge.py):
-    against a floor, or, with ``reference``, as a drop against the agreement of a reference
+    """Output agreement of a shadow pool's greedy pairs, judged
+    (gateway/canary/agreement_metric.py): against a floor, or, with ``reference``, as a drop against the agreement of a reference
     shadow pool (the baseline's own engine: its greedy answers are not bit-stable either)."""
 
     floor: float = Field(0.9, ge=0, le=1, description="greedy agreement below it: fail when "
@@ -236,7 +236,7 @@ class CanaryAgreementConfig(_Strict):
 
 
 class CanaryJudgeConfig(_Strict):
-    """The verdict (gateway/canary/judge.py; Kayenta's scoring)."""
+    """The verdict (gateway/canary/verdict.py; Kayenta's scoring)."""
 
     significance: float = Field(0.05, gt=0, lt=1, description="p-value below which a "
                                 "difference counts")

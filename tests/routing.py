@@ -8,7 +8,7 @@ from typing import Any
 from gateway.balance.ledger import LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import Policy
-from gateway.canary.split import PoolSplit
+from gateway.balance.pool_split import PoolSplit
 from gateway.config import BackpressureConfig
 from gateway.dataplane.admission import Admission, Admitter
 from gateway.dataplane.placement import Placement, Placer

@@ -3,6 +3,7 @@
 Protected by its own bearer token (``admin_token``), separate from client credentials;
 without a configured token every admin route answers 404, as if it did not exist.
 Removing or draining a replica takes it out of rotation; its in-flight streams finish.
+The routes see the gateway through ``AdminView`` (gateway/api/admin_view.py) only.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.canary.judging import CanaryError, judge_records, plan, since
+from gateway.api.admin_view import AdminView, admin_view
+from gateway.canary.verdict_plan import CanaryError, judge_records, plan, since
 from gateway.config import Engine
 from gateway.fleet.replica import Replica
 
@@ -36,7 +38,7 @@ def _matches(given: str | None, token: str | None) -> bool:
 
 
 def _authorized(request: Request) -> None:
-    token = request.app.state.gateway.settings.admin_token
+    token = admin_view(request).admin_token
     if token is None:
         raise HTTPException(404, "Not Found")
     if not _matches(_bearer(request), token):
@@ -47,12 +49,12 @@ def _authorized(request: Request) -> None:
 def _may_read_verdict(request: Request, given: str | None = None) -> None:
     """The admin token, or the read-only ``canary.gate_token`` (as a bearer, or ``given``:
     a Flagger webhook's metadata.token, since Flagger sends no headers)."""
-    settings = request.app.state.gateway.settings
-    gate = settings.canary.gate_token
-    if settings.admin_token is None and gate is None:
+    view = admin_view(request)
+    gate = view.gate_token
+    if view.admin_token is None and gate is None:
         raise HTTPException(404, "Not Found")
     bearer = _bearer(request)
-    if not (_matches(bearer, settings.admin_token) or _matches(bearer, gate)
+    if not (_matches(bearer, view.admin_token) or _matches(bearer, gate)
             or _matches(given, gate)):
         raise HTTPException(401, "admin or canary gate token required (Authorization: "
                             "Bearer ...)", headers={"www-authenticate": "Bearer"})
@@ -69,8 +71,8 @@ class NewReplica(BaseModel):
     max_model_len: int | None = Field(None, ge=1)
 
 
-def _describe(gateway: Any, replica: Replica) -> dict[str, Any]:
-    load = gateway.ledger.load(replica.name)
+def _describe(view: AdminView, replica: Replica) -> dict[str, Any]:
+    load = view.load(replica.name)
     return {"name": replica.name, "url": replica.url, "engine": replica.engine,
             "model": replica.model, "pool": replica.pool, "state": replica.state,
             "healthy": replica.healthy, "draining": replica.draining,
@@ -93,52 +95,52 @@ def _signals(replica: Replica) -> dict[str, Any] | None:
 
 def _replica(request: Request, name: str) -> Replica:
     try:
-        return request.app.state.gateway.fleet.replica(name)
+        return admin_view(request).fleet.replica(name)
     except KeyError:
         raise HTTPException(404, f"no replica named {name!r}") from None
 
 
 @router.get("/replicas", dependencies=[Depends(_authorized)])
 async def list_replicas(request: Request) -> dict[str, Any]:
-    gateway = request.app.state.gateway
-    return {"replicas": [_describe(gateway, r) for r in gateway.replicas]}
+    view = admin_view(request)
+    return {"replicas": [_describe(view, r) for r in view.fleet.replicas]}
 
 
 @router.post("/replicas", status_code=201, dependencies=[Depends(_authorized)])
 async def add_replica(request: Request, new: NewReplica) -> dict[str, Any]:
-    gateway = request.app.state.gateway
-    if new.model not in gateway.models:
+    view = admin_view(request)
+    if new.model not in view.fleet.models:
         raise HTTPException(404, f"no model named {new.model!r}")
-    pool = new.pool or gateway.models[new.model].pools[0].name
+    pool = new.pool or view.fleet.models[new.model].pools[0].name
     try:
-        replica = await gateway.fleet.add_replica(new.model, pool, new.url, new.engine, new.name,
-                                            new.max_model_len)
+        replica = await view.fleet.add_replica(new.model, pool, new.url, new.engine, new.name,
+                                               new.max_model_len)
     except KeyError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     except ValueError as exc:
         raise HTTPException(409, str(exc)) from None
-    return _describe(gateway, replica)
+    return _describe(view, replica)
 
 
 @router.delete("/replicas/{name}", dependencies=[Depends(_authorized)])
 async def remove_replica(request: Request, name: str) -> dict[str, Any]:
-    gateway = request.app.state.gateway
+    view = admin_view(request)
     _replica(request, name)
-    return _describe(gateway, gateway.fleet.remove_replica(name))
+    return _describe(view, view.fleet.remove_replica(name))
 
 
 @router.post("/replicas/{name}/drain", dependencies=[Depends(_authorized)])
 async def drain_replica(request: Request, name: str) -> dict[str, Any]:
     replica = _replica(request, name)
     replica.draining = True
-    return _describe(request.app.state.gateway, replica)
+    return _describe(admin_view(request), replica)
 
 
 @router.post("/replicas/{name}/undrain", dependencies=[Depends(_authorized)])
 async def undrain_replica(request: Request, name: str) -> dict[str, Any]:
     replica = _replica(request, name)
     replica.draining = False
-    return _describe(request.app.state.gateway, replica)
+    return _describe(admin_view(request), replica)
 
 
 class PoolWeight(BaseModel):
@@ -156,53 +158,52 @@ def _describe_pool(model: Any, pool: Any) -> dict[str, Any]:
 @router.get("/models", dependencies=[Depends(_authorized)])
 async def list_models(request: Request) -> dict[str, Any]:
     """Models and their pools: weights (as set now), shadows, replicas."""
-    gateway = request.app.state.gateway
     return {"models": [{"name": m.name, "pools": [_describe_pool(m, p) for p in m.pools]}
-                       for m in gateway.models.values()]}
+                       for m in admin_view(request).fleet.models.values()]}
 
 
 @router.put("/models/{model}/pools/{pool}", dependencies=[Depends(_authorized)])
 async def set_pool_weight(request: Request, model: str, pool: str,
                           new: PoolWeight) -> dict[str, Any]:
     """A pool's share of its model's traffic, now and on every instance sharing Redis."""
-    gateway = request.app.state.gateway
+    view = admin_view(request)
     try:
-        target = gateway.weights.set_weight(model, pool, new.weight)
+        target = view.weights.set_weight(model, pool, new.weight)
     except KeyError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     except ValueError as exc:
         raise HTTPException(409, str(exc)) from None
     with contextlib.suppress(Exception):  # Redis away: published by the next sync round
-        async with asyncio.timeout(gateway.settings.redis_timeout):
-            await gateway.weights.sync()
-    return _describe_pool(gateway.models[model], target)
+        async with asyncio.timeout(view.redis_timeout):
+            await view.weights.sync()
+    return _describe_pool(view.fleet.models[model], target)
 
 
 async def _verdict(request: Request, model: str, baseline: str | None, canary: str | None,
                    reference: str | None, window: float | None) -> dict[str, Any]:
-    gateway = request.app.state.gateway
-    served = gateway.models.get(model)
+    view = admin_view(request)
+    served = view.fleet.models.get(model)
     if served is None:
         raise HTTPException(404, f"no model named {model!r}")
-    config = gateway.settings.canary.judge
+    config = view.canary.judge
     try:
         judged = plan(served, config, baseline, canary, reference)
     except CanaryError as exc:
         raise HTTPException(400, str(exc)) from None
     window = window or config.window
-    records, source = await gateway.canary_samples.read(judged, since(window))
+    records, source = await view.samples.read(judged, since(window))
     # The statistics sort every sample: off the event loop.
     result = await asyncio.to_thread(judge_records, judged, records, config, window)
     return {**result, "samples": source,
-            "auto_rollback": gateway.settings.canary.auto_rollback,
-            "rollbacks": gateway.guard.rollbacks.get(model, [])}
+            "auto_rollback": view.canary.auto_rollback,
+            "rollbacks": view.rollbacks.get(model, [])}
 
 
 @router.get("/canary/{model}", dependencies=[Depends(_may_read_verdict)])
 async def canary_verdict(request: Request, model: str, baseline: str | None = None,
                          canary: str | None = None, reference: str | None = None,
                          window: float | None = Query(None, gt=0, le=7 * 86400)) -> dict[str, Any]:
-    """The canary verdict over the last ``window`` seconds (gateway/canary/judging.py)."""
+    """The canary verdict over the last ``window`` seconds (gateway/canary/verdict_plan.py)."""
     return await _verdict(request, model, baseline, canary, reference, window)
 
 
@@ -253,21 +254,18 @@ async def canary_gate(request: Request, model: str, call: GateCall | None = None
 @router.get("/canary/{model}/disagreements", dependencies=[Depends(_authorized)])
 async def canary_disagreements(request: Request, model: str) -> dict[str, Any]:
     """Shadowed pairs compared for the model, and the last ones whose outputs differ."""
-    gateway = request.app.state.gateway
-    if model not in gateway.models:
+    view = admin_view(request)
+    if model not in view.fleet.models:
         raise HTTPException(404, f"no model named {model!r}")
-    return gateway.agreement.report(model)
+    return view.agreement.report(model)
 
 
 @router.get("/runtime", dependencies=[Depends(_authorized)])
 async def runtime(request: Request) -> dict[str, Any]:
     """Process resources, for leak checks: tasks, file descriptors, requests inside."""
-    gateway = request.app.state.gateway
     try:
         open_fds = len(os.listdir("/proc/self/fd"))
     except OSError:
         open_fds = None
     return {"pid": os.getpid(), "asyncio_tasks": len(asyncio.all_tasks()),
-            "open_fds": open_fds, "active_requests": gateway.active_requests,
-            "draining": gateway.draining, "shadow_in_flight": gateway.shadows.in_flight,
-            "queued": {name: gateway.placer.queued(name) for name in gateway.models}}
+            "open_fds": open_fds, **admin_view(request).activity()}

@@ -10,7 +10,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.access.store import KeyConflict, StoreUnavailable
+from gateway.access.control import AccessControl
 from gateway.api.admin import _authorized
+from gateway.api.admin_view import admin_view
 from gateway.config import KEY_NAME_PATTERN, KeyLimits
 
 router = APIRouter(prefix="/admin/keys", dependencies=[Depends(_authorized)])
@@ -25,8 +27,8 @@ class NewKey(BaseModel):
     limits: KeyLimits = KeyLimits()
 
 
-def _access(request: Request) -> Any:
-    access = request.app.state.gateway.access
+def _access(request: Request) -> AccessControl:
+    access = admin_view(request).access
     if not access.enabled:
         raise HTTPException(404, "API keys are off (no `auth` section in the config)")
     return access
@@ -40,7 +42,7 @@ async def list_keys(request: Request) -> dict[str, Any]:
 @router.post("", status_code=201)
 async def create_key(request: Request, new: NewKey) -> dict[str, Any]:
     access = _access(request)
-    unknown = sorted(set(new.models or ()) - set(request.app.state.gateway.models))
+    unknown = sorted(set(new.models or ()) - set(admin_view(request).fleet.models))
     if unknown:
         raise HTTPException(422, f"unknown models {unknown}")
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
-from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER
+from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest

@@ -1,4 +1,5 @@
-"""Output agreement of shadowed pairs: did the canary say what the baseline said?
+"""Output agreement of shadowed pairs, measured as they end: did the canary say what the
+baseline said? (Judged as a verdict's metric in gateway/canary/agreement_metric.py.)
 
 Each side's generated text is read from the bytes its client would get (the primary's are
 the bytes the client does get), only for requests that have a shadow: ``TextCollector``
@@ -8,6 +9,8 @@ agree: a greedy disagreement means numerics, tokenizer or chat template differ),
 result and lets the texts go. Memory is bounded: each side keeps at most ``max_chars``
 characters (a longer pair is dropped and counted), a pair lives only while its requests do,
 and the disagreements kept for ``GET /admin/canary/{model}/disagreements`` are a ring.
+A copy never sent (no free shadow slot, or its pool refused it) is counted as skipped, so
+compared + dropped + skipped is every primary offered a copy.
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ class Pair:
     """One primary request and its shadow copy; compared when both have ended."""
 
     __slots__ = ("agreement", "model", "pool", "baseline", "request", "greedy", "primary",
-                 "shadow", "_open", "_primary_ok", "_shadow_ok")
+                 "shadow", "skipped", "_open", "_primary_ok", "_shadow_ok")
 
     def __init__(self, agreement: "Agreement", model: str, pool: str, baseline: str,
                  request: GenerationRequest, primary: TextCollector) -> None:
@@ -165,8 +168,14 @@ class Pair:
         self.greedy = is_greedy(request)
         self.primary = primary  # shared by every shadow pool of the request
         self.shadow = TextCollector(request.api, agreement.max_chars)
+        self.skipped = False
         self._open = 2
         self._primary_ok = self._shadow_ok = False
+
+    def skip(self, reason: str) -> None:
+        """The copy was not sent: the pair counts as skipped (at once), not as dropped."""
+        self.skipped = True
+        self.agreement.skipped(self.model, self.pool, reason, self.greedy)
 
     def primary_done(self, ok: bool) -> None:
         self._primary_ok = ok and not self.primary.failed
@@ -179,7 +188,8 @@ class Pair:
     def _end(self) -> None:
         self._open -= 1
         if self._open == 0:
-            self.agreement.judge(self)
+            if not self.skipped:
+                self.agreement.judge(self)
             self.request = None  # type: ignore[assignment]  # the texts and body go now
             self.primary = self.shadow = None  # type: ignore[assignment]
 
@@ -204,9 +214,18 @@ class Agreement:
              primary: TextCollector) -> Pair:
         return Pair(self, model, pool, baseline, request, primary)
 
-    def _count(self, pair: Pair, result: str) -> None:
-        counts = self.counts.setdefault((pair.model, pair.pool), {})
+    def _count(self, model: str, pool: str, result: str) -> None:
+        counts = self.counts.setdefault((model, pool), {})
         counts[result] = counts.get(result, 0) + 1
+
+    def skipped(self, model: str, pool: str, reason: str, greedy: bool) -> None:
+        """A primary's copy to ``pool`` not sent (``reason``: in_flight_limit, no_slot,
+        rejected): counted in /metrics, the disagreements view and the verdict's pairs."""
+        self.metrics.shadow_skipped.labels(model, pool, reason).inc()
+        self._count(model, pool, f"skipped_{reason}")
+        if self.samples is not None:
+            self.samples.paired(model, pool,
+                                PairSample(time.time(), greedy, False, False, False, True))
 
     def judge(self, pair: Pair) -> None:
         if not pair._primary_ok or not pair._shadow_ok:
@@ -217,7 +236,7 @@ class Agreement:
             reason = None
         if reason is not None:
             self.metrics.pairs_dropped.labels(pair.model, pair.pool, reason).inc()
-            self._count(pair, f"dropped_{reason}")
+            self._count(pair.model, pair.pool, f"dropped_{reason}")
             if self.samples is not None:
                 self.samples.paired(pair.model, pair.pool,
                                     PairSample(time.time(), pair.greedy, False, False, False))
@@ -236,9 +255,9 @@ class Agreement:
                                 PairSample(time.time(), pair.greedy, True, agreed, prefix_agreed))
         self.metrics.common_prefix.labels(pair.model, pair.pool).observe(
             prefix / max(len(a), len(b)) if a or b else 1.0)
-        self._count(pair, result)
+        self._count(pair.model, pair.pool, result)
         if pair.greedy:
-            self._count(pair, f"greedy_{result}")
+            self._count(pair.model, pair.pool, f"greedy_{result}")
         if not agreed and self.kept:
             ring = self.disagreements.setdefault(pair.model, deque(maxlen=self.kept))
             ring.append({"at": time.time(), "baseline_pool": pair.baseline,
@@ -249,7 +268,8 @@ class Agreement:
 
     def report(self, model: str) -> dict[str, Any]:
         """What ``GET /admin/canary/{model}/disagreements`` shows: per shadow pool, the pairs
-        compared, agreed and dropped; then the last disagreements, newest first."""
+        compared, agreed, dropped and skipped (copies not sent); then the last disagreements,
+        newest first."""
         pools = {}
         for (name, pool), counts in self.counts.items():
             if name != model:
@@ -260,7 +280,11 @@ class Agreement:
                            "agreement": counts.get("agreed", 0) / compared if compared else None,
                            "greedy_compared": greedy,
                            "greedy_agreed": counts.get("greedy_agreed", 0),
-                           "dropped": {k.removeprefix("dropped_"): v for k, v in counts.items()
-                                       if k.startswith("dropped_")}}
+                           "dropped": _by_reason(counts, "dropped_"),
+                           "skipped": _by_reason(counts, "skipped_")}
         return {"model": model, "pools": pools,
                 "disagreements": list(reversed(self.disagreements.get(model, ())))}
+
+
+def _by_reason(counts: dict[str, int], prefix: str) -> dict[str, int]:
+    return {k.removeprefix(prefix): v for k, v in counts.items() if k.startswith(prefix)}

@@ -85,7 +85,8 @@ def decode_pairs(entries: Iterable[str], since: float, tags: set[str]) -> list[P
     """The pairs that ended at or after ``since`` (malformed entries skipped)."""
     out = []
     for at, tag, (flags,) in _entries(entries, since, 4):
-        if len(flags) == 4 and set(flags) <= {"0", "1"}:
+        # Four flags: written before skipped copies were recorded (skipped is then False).
+        if len(flags) in (4, 5) and set(flags) <= {"0", "1"}:
             out.append(PairSample(at, *(f == "1" for f in flags)))
             tags.add(tag)
     return out

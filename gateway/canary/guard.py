@@ -2,8 +2,8 @@
 default) roll a failing one back, never forward.
 
 Every ``check_every`` seconds it judges, over the default window, each model's canaries
-(gateway/canary/judging.py: each weighted pool against the baseline, each shadow pool against
-the pool it shadows) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
+(gateway/canary/verdict_plan.py: each weighted pool against the baseline, each shadow pool
+against the pool it shadows) and exports the classes for the dashboards: ``llm_gateway_canary_verdict``
 {model, baseline, canary, metric} (-1 insufficient data, 0 pass, 1 marginal, 2 fail; metric
 "verdict" is the overall one), ``llm_gateway_canary_score`` and, for shadow pools, the judged
 agreement with its interval and the least it may be (``llm_gateway_canary_agreement_ratio``). With ``auto_rollback`` a
@@ -21,9 +21,9 @@ import logging
 import time
 from typing import Any
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS
-from gateway.canary.judge import GAUGE_CODES
-from gateway.canary.judging import CanaryError, Plan, canaries, judge_records, plan, since
+from gateway.canary.agreement_metric import AGREEMENT_METRICS
+from gateway.canary.verdict import GAUGE_CODES
+from gateway.canary.verdict_plan import CanaryError, Plan, canaries, judge_records, plan, since
 from gateway.canary.sample_source import SampleSource
 from gateway.canary.weights import PoolWeights
 from gateway.config import CanaryJudgeConfig

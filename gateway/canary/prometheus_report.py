@@ -2,7 +2,7 @@
 
   llm-gateway canary report --prometheus URL --model M --baseline B --canary C [--window 30m]
 
-The same metrics, classes and score as the sample-based verdict (gateway/canary/judge.py),
+The same metrics, classes and score as the sample-based verdict (gateway/canary/verdict.py),
 computed from what the gateways export: for each pool, how much each histogram bucket and
 counter grew over the window (per series, the value at the window's end less the value at its
 start; a series that reset or began inside the window counts from 0), summed over instances.
@@ -17,7 +17,8 @@ start; a series that reset or began inside the window counts from 0), summed ove
   allow.
 - Error rate and output agreement are counts: nothing is lost (requests served and failed
   from ``llm_gateway_requests_total``; pairs from ``llm_gateway_shadow_pairs_total`` and
-  ``..._prefix_agreed_total``).
+  ``..._prefix_agreed_total``, dropped and skipped ones from ``..._pairs_dropped_total`` and
+  ``llm_gateway_shadow_skipped_total``).
 - The window's edges fall on scrapes: requests that ended in the last scrape interval may
   be missing.
 """
@@ -32,8 +33,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS, judge_agreement
-from gateway.canary.judge import (EXIT_CODES, LATENCY_METRICS, classify_change,
+from gateway.canary.agreement_metric import AGREEMENT_METRICS, judge_agreement
+from gateway.canary.verdict import (EXIT_CODES, LATENCY_METRICS, classify_change,
                                   judge_error_counts, latency_header, score)
 from gateway.canary.stats import bucket_of, median_change_grouped, mann_whitney_grouped
 from gateway.config import CanaryJudgeConfig
@@ -140,9 +141,10 @@ def pair_counts(prom: Prometheus, model: str, pool: str, start: float,
                  "greedy", ',greedy="true"')
     dropped = _by(prom, "llm_gateway_shadow_pairs_dropped_total", model, pool, start, end,
                   "reason")
+    skipped = _by(prom, "llm_gateway_shadow_skipped_total", model, pool, start, end, "reason")
     return {"greedy_compared": sum(greedy.values()), "agreed": greedy.get("agreed", 0),
             "prefix_agreed": prefix.get("true", 0), "not_greedy": sum(sampled.values()),
-            "dropped": sum(dropped.values())}
+            "dropped": sum(dropped.values()), "skipped": sum(skipped.values())}
 
 
 def judge_from_prometheus(prom: Prometheus, model: str, baseline: str, canary: str,

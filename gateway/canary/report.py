@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS
+from gateway.canary.agreement_metric import AGREEMENT_METRICS
 
 
 # --- the CLI ---------------------------------------------------------------------------------
@@ -162,7 +162,8 @@ def _agreement_notes(result: dict[str, Any]) -> list[str]:
                if result.get("agreement_reference") else "the floors")
     lines = [f"agreement: greedy pairs of `{result['canary']}` against {against}; "
              f"{pairs['greedy_compared']} compared, {pairs['not_greedy']} not greedy "
-             f"(not judged), {pairs['dropped']} dropped"]
+             f"(not judged), {pairs['dropped']} dropped, {pairs.get('skipped', 0)} skipped "
+             "(copy not sent: no free shadow slot)"]
     if result.get("agreement_note"):
         lines.append(f"agreement: {result['agreement_note']}")
     return lines

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import redis
 
-from gateway.canary.judge import EXIT_CODES
+from gateway.canary.verdict import EXIT_CODES
 from gateway.shared.redis_keys import SharedKeys
 
 log = logging.getLogger("llm-gateway.rollout")

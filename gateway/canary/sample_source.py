@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from gateway.canary.fleet_samples import FleetSamples, decode_pairs, decode_samples
-from gateway.canary.judging import Plan, Records, read_local
+from gateway.canary.verdict_plan import Plan, Records, read_local
 from gateway.canary.samples import SampleBook
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,8 @@
 Prometheus histograms keep counts per bucket, not the values a rank test needs, so each
 process keeps a bounded ring of its latest requests per (model, pool): one small tuple per
 finished request (or failed attempt), the oldest dropped first. A shadow pool also keeps its
-latest compared pairs (``PairSample``: did the copy say what the primary said?). A verdict
+latest pairs (``PairSample``: did the copy say what the primary said? or was it dropped, or
+never sent?). A verdict
 reads the samples of a time window from both pools, so both sides cover the same traffic
 period.
 
@@ -29,13 +30,14 @@ class Sample(NamedTuple):
 
 
 class PairSample(NamedTuple):
-    """One shadowed pair, as the verdict judges it."""
+    """One primary offered a copy to a shadow pool, as the verdict judges it."""
 
-    at: float                     # wall-clock time the later side ended
+    at: float                     # wall-clock time the later side ended (or the copy skipped)
     greedy: bool                  # temperature 0 (or TGI without sampling)
-    compared: bool                # False: dropped (a side failed, or too long)
+    compared: bool                # False: dropped (a side failed, or too long) or skipped
     agreed: bool                  # the two texts are identical
     prefix_agreed: bool           # their first ``prefix_chars`` characters are
+    skipped: bool = False         # the copy was never sent (no free shadow slot, or refused)
 
 
 Record = Sample | PairSample
@@ -69,7 +71,7 @@ class SampleBook:
         self.record(model, pool, Sample(time.time(), True, None, None, None, None))
 
     def paired(self, model: str, pool: str, pair: PairSample) -> None:
-        """A shadow pool's pair ended (compared or dropped)."""
+        """A shadow pool's pair ended (compared or dropped), or its copy was skipped."""
         self._ring(self._pairs, model, pool).append(pair)
         if self.outbox is not None:
             self.outbox(model, pool, pair)

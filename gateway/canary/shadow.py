@@ -5,10 +5,12 @@ The copy starts once the primary is placed and answering (its first token is rea
 whole body), in a task of its own that the client's path never awaits: the client only ever
 sees (and waits for) the primary, and the copy's admission (tokenizing, chat template) and
 connection set-up never land inside the primary's time to first token. At most
-``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted,
-as is a copy whose pool has no free slot (copies never wait in the clients' queue).
+``max_in_flight`` copies run at once per instance; past that a copy is skipped and counted
+(in /metrics, the disagreements view and the verdict's pairs), as is a copy whose pool has
+no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
-request, labelled ``role="shadow"``; it is never retried, and its failures neither eject
+request, labelled ``role="shadow"``: one callable built at wiring (``ServeCopy``) does that,
+so this module knows nothing of the admitter, the placer or the relay. It is never retried, and its failures neither eject
 nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
 count as the primary's rejections. Its stream is read to the end (usage counted) and its
 lease closed like any other. When a pair is compared (``gateway.canary.agreement``), both
@@ -22,9 +24,9 @@ import dataclasses
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
-from gateway.canary.agreement import Agreement, Pair, TextCollector
+from gateway.canary.agreement import Agreement, Pair, TextCollector, is_greedy
 from gateway.dataplane.outcome import RequestRecord
 from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
@@ -33,12 +35,27 @@ from gateway.protocol.request import GenerationRequest
 from gateway.protocol.responses import PATH as RESPONSES
 
 if TYPE_CHECKING:
-    from gateway.dataplane.admission import Admitter
-    from gateway.dataplane.placement import Placer
-    from gateway.dataplane.relay import Relay
     from gateway.dataplane.reply import Reply
 
 log = logging.getLogger(__name__)
+
+
+class NotSent(Exception):
+    """A copy that admission or placement refused: skipped, never sent."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+    @property
+    def reason(self) -> str:
+        return "no_slot" if isinstance(self.error, Overloaded) else "rejected"
+
+
+# Serves one copy (already marked ``shadow`` and aimed at its pool) with its own record:
+# admitted, placed without queueing and relayed. Raises NotSent when it could not be
+# placed; any other GatewayError is the copy's failure once sent.
+ServeCopy = Callable[[GenerationRequest, RequestRecord], Awaitable["Reply"]]
 
 
 def shadow_pools(model: ServedModel, pool: str) -> list[Pool]:
@@ -48,12 +65,10 @@ def shadow_pools(model: ServedModel, pool: str) -> list[Pool]:
 class Shadows:
     """Starts, bounds and tracks one instance's shadow copies."""
 
-    def __init__(self, admitter: "Admitter", placer: "Placer", relay: Callable[[], "Relay"],
+    def __init__(self, serve_copy: ServeCopy, models: Mapping[str, ServedModel],
                  metrics: CanaryMetrics, agreement: Agreement, max_in_flight: int,
                  rng: random.Random | None = None) -> None:
-        self.admitter = admitter
-        self.placer = placer
-        self._relay = relay  # the relay exists once the gateway started
+        self.serve_copy = serve_copy
         self.metrics = metrics
         self.agreement = agreement
         self.max_in_flight = max_in_flight
@@ -61,10 +76,9 @@ class Shadows:
         self.in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         # Models with a shadow pool: the one check ordinary requests pay.
-        self.models = {name for name, m in admitter.models.items()
-                       if any(p.shadow_of for p in m.pools)}
+        self.models = {name for name, m in models.items() if any(p.shadow_of for p in m.pools)}
         for name in self.models:
-            for pool in admitter.models[name].pools:
+            for pool in models[name].pools:
                 if pool.shadow_of:
                     metrics.start_at_zero(name, pool.name)
 
@@ -83,8 +97,8 @@ class Shadows:
             if target.sample < 1.0 and self.rng.random() >= target.sample:
                 continue
             if self.in_flight >= self.max_in_flight:
-                self.metrics.shadow_skipped.labels(model.name, target.name,
-                                                   "in_flight_limit").inc()
+                self.agreement.skipped(model.name, target.name, "in_flight_limit",
+                                       is_greedy(request))
                 continue
             if primary is None:
                 primary = _PrimaryText(request.api, self.agreement.max_chars)
@@ -107,19 +121,11 @@ class Shadows:
             record = RequestRecord(f"{primary.request_id}-shadow", primary.api, primary.route,
                                    time.perf_counter(), primary=primary, request=request)
             try:
-                model, admission = self.admitter.admit(request)
-                # No session: the balancer would remember the shadow replica as the session's
-                # last one, and the session's next request would lose its replica affinity.
-                admission.cost.session = None
-                # Never queued: a copy waiting for a slot would take a client's place.
-                placement = await self.placer.place(model, admission, wait=False)
-            except GatewayError as error:
-                reason = "no_slot" if isinstance(error, Overloaded) else "rejected"
-                self.metrics.shadow_skipped.labels(pair.model, pair.pool, reason).inc()
-                log.debug("shadow copy to %s not sent: %s", pair.pool, error.message)
+                reply = await self.serve_copy(request, record)
+            except NotSent as refused:
+                pair.skip(refused.reason)
+                log.debug("shadow copy to %s not sent: %s", pair.pool, refused)
                 return
-            try:
-                reply = await self._relay().forward(request, placement, record)
             except GatewayError:
                 return  # counted by the relay under role="shadow"; never retried
             if reply.stream is None:

@@ -22,7 +22,7 @@ from typing import Any, Awaitable
 
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
-from gateway.canary.split import PoolSplit
+from gateway.balance.pool_split import PoolSplit
 from gateway.dataplane.response_homes import ResponseHomes
 from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.model import ServedModel

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.canary import shadow
-from gateway.canary.split import sticky_key
+from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.admission import Admission
 from gateway.dataplane.outcome import RequestRecord
 from gateway.dataplane.placement import Placer

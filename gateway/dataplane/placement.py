@@ -15,7 +15,7 @@ from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import Policy
-from gateway.canary.split import PoolSplit
+from gateway.balance.pool_split import PoolSplit
 from gateway.config import BackpressureConfig
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
@@ -71,7 +71,7 @@ class Placer:
         model's bounded queue, served fairly across ``caller``s (gateway.balance.fair_queue);
         a full queue, a caller's full share of it or a wait past ``queue_timeout`` is a 429.
         ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
-        a client in one pool (``gateway.canary.split``). Without ``wait`` a request that
+        a client in one pool (``gateway.balance.pool_split``). Without ``wait`` a request that
         finds no free slot is refused at once instead of queueing (shadow copies: they must
         never hold a place in the clients' queue).
         """

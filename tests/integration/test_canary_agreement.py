@@ -16,7 +16,7 @@ import httpx
 import pytest
 from scipy import stats as scipy_stats
 
-from gateway.canary.judge import verdict
+from gateway.canary.verdict import verdict
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import proportion_difference, score_test, wilson
 from gateway.config import CanaryJudgeConfig
@@ -86,7 +86,7 @@ def test_agreement_against_the_floor(agreed: int, cls: str) -> None:
     assert m["class"] == cls and m["canary_n"] == 100 and m["threshold"] == 0.9
     assert m["canary_rate"] == agreed / 100
     assert m["pairs"] == {"greedy_compared": 100, "agreed": agreed, "prefix_agreed": agreed,
-                          "not_greedy": 40, "dropped": 3}
+                          "not_greedy": 40, "dropped": 3, "skipped": 0}
     low, high = m["canary_ci"]
     assert low <= agreed / 100 <= high
     # agreement is critical by default: its failure fails a canary fine on every latency
@@ -197,7 +197,7 @@ def test_a_like_engine_passes_and_one_with_other_text_fails_on_agreement(gateway
     table = cli(gateway, "--canary", "other").stdout
     assert re.search(r"^agreement \* +floor 90\.0% +0\.0% +-90\.0p +\[-90\.0p, -7\d\.\dp\] +\S+ +"
                      r"fail$", table, re.M), table
-    assert "30 compared, 5 not greedy (not judged), 0 dropped" in table
+    assert "30 compared, 5 not greedy (not judged), 0 dropped, 0 skipped" in table
     # The admin endpoint says the same as the CLI.
     admin = httpx.get(f"{gateway}/admin/canary/{MODEL}?canary=other", headers=AUTH).json()
     assert judged(admin)["class"] == "fail" and admin["verdict"] == "fail"

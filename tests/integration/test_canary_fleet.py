@@ -41,6 +41,11 @@ def test_entries_round_trip_once_and_junk_is_skipped() -> None:
     assert decode_samples(entries, 1000.5, set()) == [failed]  # the window
     assert decode_pairs([encode(pair, "dd", 7), "2000 ee 1 10", "x y"], 0, tags) == [pair]
     assert "dd" in tags and "ee" not in tags
+    skipped = PairSample(1004.0, True, False, False, False, True)
+    assert decode_pairs([encode(skipped, "ff", 8)], 0, set()) == [skipped]
+    # An entry written before skipped copies were recorded: four flags, not skipped.
+    assert decode_pairs(["1005 gg 9 1101"], 0, set()) == [PairSample(1005.0, True, True, False,
+                                                                      True, False)]
 
 
 @pytest.fixture(scope="module")

@@ -181,7 +181,7 @@ def _model(stable: float, canary: float) -> ServedModel:
 
 
 def test_run_time_weights_do_not_swap_the_default_baseline() -> None:
-    from gateway.canary.judging import choose_pools
+    from gateway.canary.verdict_plan import choose_pools
 
     model = _model(95, 5)
     for pool, weight in (("stable", 25), ("canary", 75)):  # the rollout at 75%

@@ -7,6 +7,9 @@ that generates different text (``--text-seed``)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -20,7 +23,7 @@ from gateway.canary.agreement import TextCollector, is_greedy
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from scrape import by_label, metric_sum
-from support import free_port, gateway_server, sim, wait_until
+from support import ROOT, free_port, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "shadow-admin-token"
@@ -54,7 +57,9 @@ def report(url: str) -> dict:
 
 
 def _ended(pool: dict) -> int:
-    return pool["compared"] + sum(pool["dropped"].values()) if pool else 0
+    """Primaries whose copy to the pool is accounted for: compared, dropped or skipped."""
+    return (pool["compared"] + sum(pool["dropped"].values()) + sum(pool["skipped"].values())
+            if pool else 0)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +214,16 @@ def test_shadow_pool_down_or_slow_fails_no_primary_request(model_dir: Path, tmp_
             runtime = httpx.get(url + "/admin/runtime", headers=AUTH).json()
             assert runtime["shadow_in_flight"] == 0 and runtime["active_requests"] == 0
             pools = report(url)["pools"]
-            assert pools["down"]["compared"] == 0 and pools["down"]["dropped"]["shadow_failed"] > 0
+            # Every primary offered a copy is in the view: compared, dropped or skipped.
+            assert {name: _ended(pool) for name, pool in pools.items()} == {
+                "down": 12, "failing": 12, "slow": 12}
+            assert pools["slow"]["skipped"]["in_flight_limit"] == series(
+                url, "llm_gateway_shadow_skipped_total", pool="slow", reason="in_flight_limit")
+            # Down: a copy sent before the health check saw it fails (dropped); after, the
+            # pool has no available replica and the copy is not sent (skipped, rejected).
+            down = pools["down"]
+            assert down["compared"] == 0 and (down["dropped"].get("shadow_failed", 0)
+                                              + down["skipped"].get("rejected", 0)) == 12, down
             assert pools["failing"]["compared"] == 0
             assert pools["failing"]["dropped"]["shadow_failed"] > 0
 
@@ -299,3 +313,52 @@ def test_streamed_pairs_are_compared_when_the_primary_ends_at_once(tmp_path) -> 
             pool = report(url)["pools"]["copy"]
             assert pool["compared"] == requests and pool["agreement"] == 1.0, pool
             wait_until(lambda: not any(ledger(url).values()), timeout=10)
+
+
+def test_copies_without_a_free_shadow_slot_are_listed_as_skipped(tmp_path) -> None:
+    """The shadow pool's one replica takes one request at a time and answers slowly: while
+    it serves one copy, the next primaries' copies find no free slot and are skipped. The
+    disagreements view and the canary report list them beside the compared and dropped pairs,
+    and the three add up to the primaries offered a copy."""
+    primaries = 6
+    with sim("vllm", MODEL, 4096, *PACED) as stable, \
+            sim("vllm", MODEL, 4096, "--profile", "paced", "--ttft-ms", "3000",
+                "--itl-ms", "10") as slow:
+        config = {"models": [{"name": MODEL, "pools": [
+            {"name": "stable", "replicas": [{"url": stable, "name": "stable-1"}]},
+            {"name": "tight", "shadow_of": "stable", "sample": 1.0,
+             "replicas": [{"url": slow, "name": "tight-1"}]}]}],
+            "health": {"interval": 0.5}, "admin_token": TOKEN,
+            "backpressure": {"max_in_flight_per_replica": 1}}
+        with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=30) as client:
+            for i in range(primaries):  # one after another: stable-1 always has its slot
+                body = {"model": MODEL, "prompt": f"skip me {i}", "max_tokens": 4,
+                        "temperature": 0}
+                assert client.post(url + "/v1/completions", json=body).status_code == 200
+            wait_until(lambda: _ended(report(url)["pools"].get("tight", {})) == primaries, 20,
+                       "every copy compared, dropped or skipped")
+            pool = report(url)["pools"]["tight"]
+            skipped = pool["skipped"].get("no_slot", 0)
+            assert skipped >= primaries - 2 and pool["compared"] >= 1, pool
+            assert pool["compared"] + sum(pool["dropped"].values()) + skipped == primaries
+            # The same figures in /metrics: a skipped copy is not also a dropped pair.
+            assert series(url, "llm_gateway_shadow_skipped_total", pool="tight",
+                          reason="no_slot") == skipped
+            assert series(url, "llm_gateway_shadow_pairs_dropped_total", pool="tight") == sum(
+                pool["dropped"].values())
+            # The canary report: its pairs add up the same way, and its table says so.
+            done = _canary_report(url, "--json")
+            pairs = next(m["pairs"] for m in json.loads(done.stdout)["metrics"]
+                         if m["metric"] == "agreement")
+            assert pairs["skipped"] == skipped, pairs
+            assert (pairs["greedy_compared"] + pairs["not_greedy"] + pairs["dropped"]
+                    + pairs["skipped"]) == primaries
+            table = _canary_report(url).stdout
+            assert (f"{pairs['greedy_compared']} compared, 0 not greedy (not judged), "
+                    f"{pairs['dropped']} dropped, {skipped} skipped") in table, table
+
+
+def _canary_report(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway", "canary", "report", "--model", MODEL,
+                           "--canary", "tight", "--gateway", url, "--admin-token", TOKEN, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)

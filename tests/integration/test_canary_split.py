@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from text_generation import Client as TGIClient
 from text_generation.errors import ValidationError as TGIValidationError
 
-from gateway.canary.split import PoolSplit, rendezvous, sticky_key
+from gateway.balance.pool_split import PoolSplit, rendezvous, sticky_key
 from gateway.config import ConfigError, load_settings
 from gateway.fleet.model import Pool
 from gateway.fleet.replica import Replica

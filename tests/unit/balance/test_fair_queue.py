@@ -169,7 +169,7 @@ async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
 async def test_a_free_slot_no_waiter_can_use_is_taken_at_once() -> None:
     """A waiter held back by its pool (a sticky key) does not hold back a newcomer that can
     use a free slot elsewhere."""
-    from gateway.canary.split import rendezvous
+    from gateway.balance.pool_split import rendezvous
 
     pools = [Pool("stable", 50, [Replica("s", "http://s", "vllm", "m", "stable",
                                          max_model_len=4096)]),

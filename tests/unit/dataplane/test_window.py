@@ -143,7 +143,7 @@ async def test_a_long_prompt_is_counted_off_the_event_loop_and_exactly(
     then uses that count, the same as counting it in place."""
     import threading
 
-    from gateway.canary.split import PoolSplit
+    from gateway.balance.pool_split import PoolSplit
     from gateway.dataplane.admission import COUNT_OFF_LOOP_BYTES, Admitter
 
     threads: list[threading.Thread] = []

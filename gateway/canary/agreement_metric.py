@@ -23,12 +23,14 @@ AGREEMENT_METRICS = {"agreement": "agreed", "prefix_agreement": "prefix_agreed"}
 
 
 def pair_counts(pairs: Sequence[PairSample]) -> dict[str, int]:
-    """What the pairs of a window were: compared greedy ones, dropped ones, sampled ones."""
+    """What the pairs of a window were: compared greedy ones, sampled ones, dropped ones,
+    and copies skipped (never sent): together, every primary offered a copy."""
     greedy = [p for p in pairs if p.greedy and p.compared]
     return {"greedy_compared": len(greedy), "agreed": sum(p.agreed for p in greedy),
             "prefix_agreed": sum(p.prefix_agreed for p in greedy),
             "not_greedy": sum(1 for p in pairs if p.compared and not p.greedy),
-            "dropped": sum(1 for p in pairs if not p.compared)}
+            "dropped": sum(1 for p in pairs if not p.compared and not p.skipped),
+            "skipped": sum(1 for p in pairs if p.skipped)}
 
 
 def _base(name: str, config: CanaryJudgeConfig, canary_n: int,

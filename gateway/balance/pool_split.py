@@ -1,5 +1,8 @@
 """Which pool of a model a request goes to: forced, sticky by key, or weighted per request.
 
+Every request of a model with several pools passes here (weighted pools, blue/green, a
+canary's share): the split is balancing across pools, before a replica is picked in one.
+
 A request that carries a key (``x-session-id``, else the OpenAI ``user`` field, else the API
 key's name) always lands in the same pool: weighted rendezvous hashing (Schindelhauer &
 Schomaker) scores every pool ``-weight / ln(u)``, ``u`` a uniform hash of (key, pool), and

@@ -1,4 +1,4 @@
-"""The canary verdict's statistics and judge, as pure functions on generated samples."""
+"""The canary verdict's statistics and scoring, as pure functions on generated samples."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 from scipy import stats as scipy_stats
 
-from gateway.canary.judge import verdict
+from gateway.canary.verdict import verdict
 from gateway.canary.samples import Sample, SampleBook
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
 from gateway.config import CanaryJudgeConfig

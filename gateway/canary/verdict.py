@@ -1,4 +1,4 @@
-"""The canary verdict: is the canary pool worse than the baseline pool serving beside it?
+"""The verdict's scoring: is the canary pool worse than the baseline pool serving beside it?
 
 Per metric, both pools' samples from the same time window side by side: the relative change
 of the median with a confidence interval and a rank test (latencies, throughput), or the
@@ -15,7 +15,7 @@ The overall verdict follows Kayenta's judge: a score of 0-100 from the classes (
 marginal 1/2), ``pass`` at ``pass_score`` or above, ``fail`` below ``marginal_score``,
 ``marginal`` between; a critical metric that fails fails the canary whatever the score.
 Fewer than ``min_samples`` requests on either side is ``insufficient data``, never a pass.
-A shadow canary is also judged on its output agreement (gateway/canary/agreement_verdict.py).
+A shadow canary is also judged on its output agreement (gateway/canary/agreement_metric.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from gateway.canary.agreement_verdict import AGREEMENT_METRICS, judge_agreement, pair_counts
+from gateway.canary.agreement_metric import AGREEMENT_METRICS, judge_agreement, pair_counts
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
 from gateway.config import CanaryJudgeConfig

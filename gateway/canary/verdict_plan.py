@@ -1,4 +1,5 @@
-"""Which pools a verdict compares, and the verdict over a window of their samples.
+"""The verdict's plan: which pools a verdict compares, and the verdict over a window of their
+samples (scored by gateway/canary/verdict.py).
 
 The baseline is, by default, the primary pool the config weighs heaviest (run-time weights,
 as a rollout moves them, do not change it); the canary, by default, the first other pool
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from gateway.canary.judge import EXIT_CODES, verdict
+from gateway.canary.verdict import EXIT_CODES, verdict
 from gateway.canary.samples import PairSample, Sample, SampleBook
 from gateway.config import CanaryJudgeConfig
 from gateway.fleet.model import Pool, ServedModel
