@@ -138,10 +138,11 @@ def _stream_steps(engine: Engine, prompt: str, max_tokens: int) -> list[tuple[in
     return steps
 
 
-# Prompts whose greedy outputs, on the tiny random model, have tokens ending inside a UTF-8
-# character: at the start of the output, in its middle, and as its last token.
-BROKEN_PROMPTS = [*PROMPTS, "\u00e9\u00e8\u00ea", "\u65e5\u672c\u8a9e\u306e\u6587", "\U0001f600\U0001f601",
-                  "zz\u00ff", "\u0416\u0436 \u03a9\u03c9", "0x7f 0xff", "\u00bf\u00a1"]
+# Prompts whose greedy outputs, on the tiny model (fixed-seed weights), have tokens ending
+# inside a UTF-8 character: as the output's first token (the first three), and later (the
+# others). Found by asking the engine; the test checks each case still happens.
+BROKEN_PROMPTS = ["! the the x", "zz 42 caf\u00e9", "world \U0001f680 !",
+                  "\u4f60\u597d 42 Once upon Once upon", "cat x", *PROMPTS[:2]]
 
 
 def _cuts_inside_a_character(engine: Engine, prompt: str, longest: int) -> list[int]:
@@ -173,10 +174,12 @@ def test_tokens_ending_inside_a_character_are_events_at_start_middle_and_end(
         truth = _greedy(engine, prompt, n)
         text = truth["choices"][0]["text"]
         events = list(client.generate_stream(prompt, max_new_tokens=n))
-        assert [e.token.id for e in events if e.token.id != -1] == [
-            t["id"] for t in truth["choices"][0]["logprobs"]["content"]], (prompt, n)
+        reported = (truth["choices"][0]["logprobs"] or {}).get("content") or []  # none: null
+        assert [e.token.id for e in events if e.token.id != -1] == [t["id"] for t in reported]
         assert len(events) == n == truth["usage"]["completion_tokens"], (prompt, n)
-        assert events[-1].generated_text == text == "".join(e.token.text for e in events)
+        # Its text is the engine's own whole answer's, the unfinished character shown as
+        # U+FFFD (as TGI decodes it); the token events hold it back, as TGI's do.
+        assert events[-1].generated_text == text == "".join(e.token.text for e in events) + "\ufffd"
         assert events[-1].details.generated_tokens == n
         answer = client.generate(prompt, max_new_tokens=n)
         assert answer.generated_text == text

@@ -63,6 +63,10 @@ class TgiStream(TranslatingReader):
         self.held: Token | None = None  # a token that may be the last one
         self.finish: str | None = None
         self.decoded = 0  # tokens the engine counted so far (llama.cpp)
+        # The last tokens ended inside a character whose bytes never came: the engine drops
+        # them from its stream, a whole decode shows them as U+FFFD (TGI's generated_text,
+        # llama.cpp's own non-streamed text), so the final text ends with one.
+        self.broken_tail = False
 
     def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
         out: list[bytes] = []
@@ -121,7 +125,10 @@ class TgiStream(TranslatingReader):
             # Tokens counted but not reported: those ending inside a character, merged into
             # the chunk that completes it, and a last one whose character never completes,
             # counted only in the finishing chunk (no text, no logprobs).
+            self.broken_tail = not tokens
             tokens = merged_tokens(generated - len(tokens), self.params.top_n_tokens) + tokens
+        elif tokens:
+            self.broken_tail = False
         if reason is not None:
             self.finish = self.usage.finish_reason = finish_reason(choice, self.stop_reason_key)
             mark_eos(tokens, self.finish == "eos_token", self.texts)
@@ -151,7 +158,7 @@ class TgiStream(TranslatingReader):
         assert token is not None and self.finish is not None
         if self.finish == "eos_token" and self.texts is None and token.text == "":
             token.special = True
-        text = "".join(self.text)
+        text = "".join(self.text) + ("\ufffd" if self.broken_tail else "")
         if self.params.return_full_text:
             text = self.params.inputs + text
         details = None
@@ -170,7 +177,7 @@ class TgiStream(TranslatingReader):
         counted = self.usage.completion_tokens
         if self.held is not None or counted is None or counted <= self.index:
             return b""
-        out = []
+        out, self.broken_tail = [], True
         for token in merged_tokens(counted - self.index, self.params.top_n_tokens):
             if self.held is not None:
                 out.append(self._event(self.held))
