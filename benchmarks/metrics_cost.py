@@ -20,9 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from benchmarks.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
-                                    Scenario, free_port, run_segment, start, stop, summarise,
-                                    wait_ready)
+from benchmarks.harness import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, Scenario,
+                                free_port, run_segment, start, stop, summarise, wait_ready)
 
 SCENARIOS = [
     Scenario("tps_c64", "stream tokens/s, c=64, max_tokens 256", True, 64, 256),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
+
+from benchmarks.harness import free_port  # one for the tests and the benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".tools" / "bin"  # linters and validators that scripts/setup.sh installs
@@ -41,12 +42,6 @@ def checkov(*args: str) -> list[dict]:
     assert result.stdout.strip(), result.stderr[-3000:]
     reports = json.loads(result.stdout)
     return reports if isinstance(reports, list) else [reports]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

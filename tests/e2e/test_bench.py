@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.bench import report
-from benchmarks.overhead import stop
+from benchmarks.harness import stop
 from gateway.bench.loadgen import (CONNECT, DISCONNECTED, INCOMPLETE_STREAM, TIMEOUT, Request, Target,
                                    closed_loop, open_loop, poisson_arrivals)
 from gateway.bench.workload import Lengths, load_dataset, synthetic_requests
@@ -396,7 +396,7 @@ def test_round_medians_leave_out_a_round_where_everything_failed() -> None:
 def test_router_cpu_includes_its_worker_processes() -> None:
     """nginx (and uvicorn with workers) does its work in child processes: the CPU charged to a
     router is its whole process tree's, or nginx would look free."""
-    from benchmarks.overhead import cpu_seconds, tree_cpu_seconds
+    from benchmarks.harness import cpu_seconds, tree_cpu_seconds
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
     parent = subprocess.Popen([sys.executable, "-c",
                                "import subprocess, sys, time\n"
