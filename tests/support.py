@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -11,7 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import httpx
 
@@ -60,14 +61,60 @@ def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = 
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
 
 
+T = TypeVar("T")
+
+
+def _describe(what: str | Callable[[], object]) -> object:
+    return what() if callable(what) else what
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
-               what: str = "the condition", every: float = 0.05) -> float:
-    """Poll ``predicate`` until it holds (bounded by ``timeout``); the seconds it took."""
+               what: str | Callable[[], object] = "the condition", every: float = 0.05) -> float:
+    """Poll ``predicate`` until it holds (bounded by ``timeout``); the seconds it took.
+
+    ``what`` names the condition in the failure; a callable is asked at the timeout, so the
+    failure can show the state then. The predicate may raise to stop early (a server that
+    exited will never become ready)."""
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            raise AssertionError(f"not within {timeout} s: {_describe(what)}")
         time.sleep(every)
+    return time.monotonic() - started
+
+
+def wait_for_value(get: Callable[[], T], done: Callable[[T], object], timeout: float = 10.0,
+                   what: str = "the value", every: float = 0.05) -> T:
+    """Poll ``get()`` until ``done(value)`` holds; that value. A timeout fails with ``what``
+    and the last value seen."""
+    started = time.monotonic()
+    while not done(value := get()):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}; last: {repr(value)[:3000]}")
+        time.sleep(every)
+    return value
+
+
+def settle(get: Callable[[], T], done: Callable[[T], object], timeout: float = 10.0,
+           every: float = 0.05) -> T:
+    """Poll ``get()`` until ``done(value)`` holds, bounded; the value then, or the last one
+    at the timeout without an error: for callers whose own assertions on the value say
+    better what is wrong (or that assert it did not settle)."""
+    started = time.monotonic()
+    while not done(value := get()) and time.monotonic() - started <= timeout:
+        time.sleep(every)
+    return value
+
+
+async def wait_until_async(predicate: Callable[[], object], timeout: float = 10.0,
+                           what: str | Callable[[], object] = "the condition",
+                           every: float = 0.05) -> float:
+    """``wait_until`` inside an event loop: sleeps without blocking it."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {_describe(what)}")
+        await asyncio.sleep(every)
     return time.monotonic() - started
 
 
@@ -151,6 +198,14 @@ def gateway_server(config_dir: Path, config: dict, ready_path: str = "/ready",
         yield f"http://127.0.0.1:{port}", proc
 
 
+def server_started(server, thread: threading.Thread, name: str) -> bool:  # noqa: ANN001
+    """A uvicorn server in ``thread`` has started; an error once the thread ended without."""
+    if server.started:
+        return True
+    assert thread.is_alive(), f"{name} exited at startup"
+    return False
+
+
 @contextlib.contextmanager
 def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASGI app
     """``app`` served by uvicorn on a free loopback port in a thread of this process (so a
@@ -163,11 +218,7 @@ def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASG
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            assert thread.is_alive(), "uvicorn exited at startup"
-            time.sleep(0.02)
+        wait_until(lambda: server_started(server, thread, "uvicorn"), 20, "uvicorn to start", 0.02)
         yield port
     finally:
         server.should_exit = True

@@ -25,7 +25,7 @@ from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, shared_prefix
-from support import ROOT, gateway_server, sim
+from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "rollout-admin-token"
@@ -142,10 +142,11 @@ def test_a_30_percent_slower_canary_is_rolled_back_at_its_first_step(tmp_path) -
 def test_a_killed_driver_is_resumed_where_it_was(tmp_path) -> None:
     with shared_prefix() as prefix, fleet(tmp_path, PACED, prefix) as url:
         first = driver(url, prefix, "--steps", "5,25,50,100", *FAST)
-        deadline = time.monotonic() + 120
-        while state(prefix).get("step") != "1":  # at 25%
-            assert time.monotonic() < deadline and first.poll() is None, state(prefix)
-            time.sleep(0.1)
+        def at_25_percent() -> bool:
+            assert first.poll() is None, state(prefix)
+            return state(prefix).get("step") == "1"
+
+        wait_until(at_25_percent, 120, lambda: state(prefix), every=0.1)
         started = float(state(prefix)["step_started"])
         first.send_signal(signal.SIGKILL)
         first.communicate()

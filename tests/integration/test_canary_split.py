@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from typing import Iterator
 
 import httpx
@@ -25,7 +24,7 @@ from gateway.protocol.errors import Api
 from gateway.protocol.request import Caller, GenerationRequest
 from routing import Routing
 from redis_support import SHARED_URL, shared_prefix
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "canary-admin-token"
@@ -183,10 +182,8 @@ def _set_weight(url: str, pool: str, weight: float) -> httpx.Response:
 
 
 def _wait_weights(url: str, expected: dict[str, float], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _weights(url) != expected:
-        assert time.monotonic() < deadline, f"{url} weights {_weights(url)} != {expected}"
-        time.sleep(0.05)
+    wait_until(lambda: _weights(url) == expected, timeout,
+               lambda: f"{url} weights {_weights(url)} != {expected}")
 
 
 def test_thousand_sessions_split_90_10_through_the_gateway(two_gateways) -> None:

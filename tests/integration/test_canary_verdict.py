@@ -17,7 +17,7 @@ import httpx
 
 from gateway.bench.loadgen import Request, Target, closed_loop
 from scrape import metric_sum
-from support import ROOT, gateway_server, sim
+from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "verdict-admin-token"
@@ -123,10 +123,8 @@ def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path)
     with fleet(tmp_path, PACED, (*PACED, "--slowdown", "1.3"), auto_rollback=True,
                check_every=0.3) as url:
         send(url, 200)
-        deadline = time.monotonic() + 10
-        while canary_weight(url) != 0:
-            assert time.monotonic() < deadline, "the guard never rolled the canary back"
-            time.sleep(0.2)
+        wait_until(lambda: canary_weight(url) == 0, 10, "the guard to roll the canary back",
+                   every=0.2)
         assert rollbacks(url) == 1
         verdict = httpx.get(f"{url}/admin/canary/{MODEL}", headers=auth).json()
         (rollback,) = verdict["rollbacks"]

@@ -16,7 +16,7 @@ from gateway.config import load_settings
 from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
 from scrape import by_label, samples
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_until
 
 BASE = "base"
 
@@ -114,11 +114,8 @@ def test_adapter_requests_go_where_the_engine_runs_it_or_has_a_slot(tmp_path: Pa
         with gateway_server(tmp_path, config) as (gateway, _), ThreadPoolExecutor(8) as pool:
             # b's only adapter slot is taken by `other` for about 8 s ...
             busy = [pool.submit(_stream, gateway, "other", 80) for _ in range(2)]
-            deadline = time.monotonic() + 10
-            while "other" not in httpx.get(f"{b}/metrics").text.split(
-                    "running_lora_adapters=\"")[-1].split('"')[0]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            wait_until(lambda: "other" in httpx.get(f"{b}/metrics").text.split(
+                "running_lora_adapters=\"")[-1].split('"')[0], 10, "b running `other`")
             time.sleep(0.5)  # the gateway's next scrapes see it
             # ... so round robin or not, `sql` goes to a, which has a free slot.
             where = Counter(_complete(gateway, "sql", 1).headers["x-gateway-replica"]
