@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
@@ -64,6 +65,10 @@ def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = 
 T = TypeVar("T")
 
 
+async def _answer(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
 def _describe(what: str | Callable[[], object]) -> object:
     return what() if callable(what) else what
 
@@ -109,9 +114,10 @@ def settle(get: Callable[[], T], done: Callable[[T], object], timeout: float = 1
 async def wait_until_async(predicate: Callable[[], object], timeout: float = 10.0,
                            what: str | Callable[[], object] = "the condition",
                            every: float = 0.05) -> float:
-    """``wait_until`` inside an event loop: sleeps without blocking it."""
+    """``wait_until`` inside an event loop: sleeps without blocking it; ``predicate`` may be
+    a coroutine function (its answer is awaited)."""
     started = time.monotonic()
-    while not predicate():
+    while not await _answer(predicate()):
         if time.monotonic() - started > timeout:
             raise AssertionError(f"not within {timeout} s: {_describe(what)}")
         await asyncio.sleep(every)
