@@ -210,7 +210,7 @@ def steady(prom: str, read: Callable[[], T]) -> T:
         failed = query(prom, f"min_over_time(up[{window}s]) == 0")
         if not failed:
             return got
-        time.sleep(1)
+        time.sleep(1)  # pacing: the next scrape before reading again
     pytest.fail(f"a scrape failed during each of five readings: {failed}")
 
 
@@ -261,7 +261,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             # Healthy: two rounds with scrapes in between, so rate() sees every series move.
             for _ in range(2):
                 drive_healthy(gw)
-                time.sleep(2.5)
+                time.sleep(2.5)  # pacing: scrapes (1 s) of every target between the rounds
             scraped(prom, gw)
             up, healthy, agreement = steady(prom, lambda: (
                 query(prom, "up"), panel_values(prom),
@@ -289,7 +289,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             # In trouble: the same panels, now with what happened.
             for _ in range(2):
                 drive_troubled(gw, replicas)
-                time.sleep(2.5)
+                time.sleep(2.5)  # pacing: scrapes (1 s) of every target between the rounds
             scraped(prom, gw)
             troubled = steady(prom, lambda: panel_values(prom))
             assert not without_a_number(troubled), "panels without a number:\n" + \

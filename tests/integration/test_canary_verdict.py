@@ -118,7 +118,7 @@ def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path)
 
     with fleet(tmp_path, PACED, PACED, auto_rollback=True, check_every=0.3) as url:
         send(url, 120)  # identical pools: the guard leaves the weights alone
-        time.sleep(1)
+        time.sleep(1)  # a window of about three checks in which nothing may change
         assert canary_weight(url) == 50 and rollbacks(url) == 0
     with fleet(tmp_path, PACED, (*PACED, "--slowdown", "1.3"), auto_rollback=True,
                check_every=0.3) as url:
@@ -131,7 +131,7 @@ def test_the_guard_rolls_a_failing_canary_back_and_never_forward(tmp_path: Path)
         assert rollback["pool"] == "canary" and "ttft" in rollback["failed"]
         before = served_by_canary(url)
         send(url, 20)  # all to the baseline now; the guard never raises the weight again
-        time.sleep(1)
+        time.sleep(1)  # a window of about three checks in which nothing may change
         assert canary_weight(url) == 0 and rollbacks(url) == 1
         assert served_by_canary(url) == before
 
