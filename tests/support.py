@@ -48,18 +48,22 @@ def checkov(*args: str) -> list[dict]:
 
 def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``url`` until it answers (any status below 500), bounded by ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    last: list[Exception] = []
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
         try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
+            return httpx.get(url, timeout=1.0).status_code < 500
         except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+            last[:] = [exc]
+            return False
+
+    try:
+        wait_until(answers, timeout, f"{url} ready")
+    except AssertionError:
+        raise TimeoutError(f"{url} not ready after {timeout}s: {last[0] if last else None}") \
+            from None
 
 
 T = TypeVar("T")
