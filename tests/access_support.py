@@ -12,7 +12,7 @@ import uvicorn
 from gateway.access.secret import hash_secret
 from gateway.app import create_app
 from gateway.config import load_settings
-from support import free_port, wait_ready, server_started, wait_until
+from support import free_port, server_started, wait_ready, wait_until
 
 MODEL = "sim-model"
 

@@ -15,7 +15,7 @@ from text_generation.errors import ValidationError as TGIValidationError
 
 from gateway.tokens import ModelTokenizer
 from scrape import by_label
-from support import free_port, gateway_server, sim, wait_until, settle
+from support import free_port, gateway_server, settle, sim, wait_until
 
 MODEL = "sim-model"
 GATEWAY_WINDOW = 2048  # below the replicas' 4096: only the gateway can reject in between

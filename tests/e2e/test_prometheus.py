@@ -31,7 +31,7 @@ from gateway.access.secret import hash_secret
 
 from prometheus_support import prometheus
 from scrape import metric_sum
-from support import ROOT, free_port, running, sim, settle, wait_for_value
+from support import ROOT, free_port, running, settle, sim, wait_for_value
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"

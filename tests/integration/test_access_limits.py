@@ -24,7 +24,7 @@ import pytest
 
 from access_support import MODEL, key
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
-from support import gateway_server, sim, wait_for_value, wait_until, settle
+from support import gateway_server, settle, sim, wait_for_value, wait_until
 
 TPM, WINDOW = 6000, 6.0
 MAX_TOKENS = 400  # reserved per request; the replica uses ~30-90 (mean 60)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import gateway_server, sim, settle
+from support import gateway_server, settle, sim
 
 MODEL = "sim-model"
 TOKEN = "fuzz-admin"

@@ -29,7 +29,7 @@ from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KIND
 from gateway.protocol.errors import Api
 from gateway.tokens import ModelTokenizer
 from scrape import samples
-from support import free_port, running, sim, settle, wait_for_value
+from support import free_port, running, settle, sim, wait_for_value
 
 PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "2")
 

@@ -19,7 +19,7 @@ import aiohttp
 import httpx
 
 from scrape import metric_sum
-from support import free_port, gateway_server, running, sim, settle
+from support import free_port, gateway_server, running, settle, sim
 
 MODEL = "sim-model"
 TOKEN = "soak-admin"

@@ -20,7 +20,7 @@ import text_generation.errors as tgi_errors
 from huggingface_hub import InferenceClient
 
 from gateway.tokens import ModelTokenizer
-from support import gateway_server, sim, settle
+from support import gateway_server, settle, sim
 
 MODEL = "sim-model"
 WINDOW = 1024

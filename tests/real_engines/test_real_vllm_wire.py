@@ -32,7 +32,7 @@ from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer
 from shapes import SHAPE_REQUESTS, differences, metric_families, same_shapes, shape
-from support import gateway_server, sim, settle, wait_until
+from support import gateway_server, settle, sim, wait_until
 from tee import Tee, tee
 from tiny_model import write_lora
 
