@@ -68,7 +68,7 @@ class SegmentedEngine:
         data, cuts = recording.data, plan["cuts"]
         for start, end, gap in zip([0, *cuts], [*cuts, len(data)], [0.0, *plan["gaps"]]):
             if gap:
-                await asyncio.sleep(gap)
+                await asyncio.sleep(gap)  # pacing: the plan's gap between two segments
             await send({"type": "http.response.body", "body": data[start:end], "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
