@@ -9,10 +9,12 @@ demo:
 	@PYTHON=$(PYTHON) scripts/setup.sh demo
 	$(PYTHON) -m gateway demo
 
-# One pytest worker per core, each taking whole files (a file's fixtures start its servers
-# once). ARGS: extra pytest arguments, e.g. make test ARGS='tests/e2e/test_docker.py -x';
+# First ruff check (pyflakes; pyproject.toml [tool.ruff]), then one pytest worker per core,
+# each taking whole files (a file's fixtures start its servers once).
+# ARGS: extra pytest arguments, e.g. make test ARGS='tests/e2e/test_docker.py -x';
 # WORKERS=0 runs in one process.
 WORKERS ?= auto
 test:
 	@PYTHON=$(PYTHON) scripts/setup.sh test
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile $(ARGS)

@@ -32,8 +32,8 @@ from gateway.access.limits import LocalLimiter
 from gateway.access.redis_limits import RedisLimiter
 from gateway.access.secret import hash_secret
 from gateway.bench.loadgen import Request, Target, closed_loop
-from benchmarks.overhead import (GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, cpu_seconds,
-                                    free_port, pin_client, start, stop, wait_ready)
+from benchmarks.harness import (GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, cpu_seconds, free_port,
+                                pin_client, start, stop, wait_ready)
 from gateway.config import KeyLimits
 from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import connect

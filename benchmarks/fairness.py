@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from gateway.access.secret import hash_secret
 from gateway.bench.loadgen import Request, Target, open_loop, poisson_arrivals
-from benchmarks.overhead import HOST, MODEL, free_port, start, stop, wait_ready
+from benchmarks.harness import HOST, MODEL, free_port, start, stop, wait_ready
 from gateway.bench.report import distribution_ms
 
 SECRETS = {"light": "sk-gw-bench-light-0123456789", "flood": "sk-gw-bench-flood-0123456789"}

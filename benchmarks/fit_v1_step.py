@@ -48,7 +48,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from benchmarks.harness import free_port
 
 VLLM_PYTHON = "/work/cache-exp/vllm/bin/python"
 MODEL_DIR = "/work/cache-exp/tiny"
@@ -215,12 +216,6 @@ def fit(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # The engine
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start_vllm(python: str, model_dir: str, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import yaml
 
-from benchmarks.overhead import HOST, MODEL, ROOT, free_port, start, stop, wait_ready
+from benchmarks.harness import HOST, MODEL, ROOT, free_port, start, stop, wait_ready
 from gateway.bench.report import percentile
 from gateway.sim.model_dir import write_model_dir
 

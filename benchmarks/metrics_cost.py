@@ -5,7 +5,7 @@
 One simulated vLLM replica (``--profile instant``) and two gateways in front of it, identical
 but for ``metrics: false`` in one config; both gateways pinned to core 0 (only one is loaded
 at a time), replica and load generator on core 1. Each scenario alternates on / off / off / on
-so drift cancels out; the load generator and measurement are ``benchmarks.overhead``'s.
+so drift cancels out; the load generator and measurement are ``benchmarks.harness``'s.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from benchmarks.overhead import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE,
-                                    Scenario, free_port, run_segment, start, stop, summarise,
-                                    wait_ready)
+from benchmarks.harness import (CLIENT_CORE, GATEWAY_CORE, HOST, MODEL, REPLICA_CORE, Scenario,
+                                free_port, run_segment, start, stop, summarise, wait_ready)
 
 SCENARIOS = [
     Scenario("tps_c64", "stream tokens/s, c=64, max_tokens 256", True, 64, 256),

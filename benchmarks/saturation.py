@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from benchmarks.overhead import (CLIENT_CORE, HOST, MODEL, PEERS, free_port, machine_info,
-                                 peer_unavailable, routers_in_front_of, stop, summarise_raw,
-                                 tree_cpu_seconds, wait_ready)
+from benchmarks.harness import (CLIENT_CORE, HOST, MODEL, PEERS, free_port, machine_info,
+                                peer_unavailable, routers_in_front_of, stop, summarise_raw,
+                                tree_cpu_seconds, wait_ready)
 
 BODY = json.dumps({"model": MODEL, "prompt": "Hello there, how are you", "max_tokens": 16})
 SCRIPT = f"""wrk.method = "POST"

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gateway.bench.loadgen import Request, Target, open_loop
-from benchmarks.overhead import HOST, ROOT, free_port, stop, wait_ready
+from benchmarks.harness import HOST, ROOT, free_port, stop, wait_ready
 from benchmarks.stats import p99_difference
 from gateway.bench.report import distribution_ms, summarize
 from gateway.bench.workload import synthetic_prompt

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.loadgen import Request, Target, closed_loop
-from benchmarks.overhead import HOST, free_port, start, stop, wait_ready
+from benchmarks.harness import HOST, free_port, start, stop, wait_ready
 from gateway.bench.report import distribution_ms
 
 MODEL = "m"

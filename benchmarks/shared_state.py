@@ -39,8 +39,7 @@ from typing import Any, Iterator, Sequence
 import redis
 
 from gateway.bench.loadgen import Record, Request, Target, closed_loop, open_loop, poisson_arrivals
-from benchmarks.overhead import (HOST, cpu_seconds, free_port, machine_info, start, stop,
-                                    wait_ready)
+from benchmarks.harness import (HOST, cpu_seconds, free_port, machine_info, start, stop, wait_ready)
 from gateway.bench.report import distribution_ms, summarize_records
 from benchmarks.suite import (MODEL, REPLICAS, heterogeneous_requests, replicas,
                                  simulated, wait_idle)

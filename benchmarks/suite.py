@@ -38,8 +38,8 @@ from typing import Any, Iterator
 
 from benchmarks import overhead
 from gateway.bench.loadgen import Request, Target, open_loop, poisson_arrivals
-from benchmarks.overhead import (HOST, Scenario, fmt, free_port, machine_info, start, stop,
-                                    wait_ready)
+from benchmarks.harness import (HOST, Scenario, fmt, free_port, machine_info, measure, pin_client,
+                                replica_and_gateway, start, stop, wait_ready)
 from gateway.bench.report import summarize_records
 from gateway.bench.workload import synthetic_prompt
 
@@ -253,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         # Other work on a shared machine shows here: 1-minute load averages at start and end.
         "load_average": {"start": os.getloadavg()[0]}}
-    overhead.pin_client()
+    pin_client()
     if "overhead" not in args.skip:
         print("overhead: direct vs through one gateway worker", file=sys.stderr, flush=True)
-        with overhead.replica_and_gateway("--profile instant") as (ports, pids, _):
-            result["overhead"] = asyncio.run(overhead.measure(
+        with replica_and_gateway("--profile instant") as (ports, pids, _):
+            result["overhead"] = asyncio.run(measure(
                 ports, pids, args.overhead_seconds, 2, OVERHEAD_SCENARIOS))
     if "balancing" not in args.skip:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the balancing part is not pinned

@@ -41,7 +41,7 @@ from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
 
 from benchmarks.metrics_cost import gateways, measure, parse_side_by_side, side_by_side_parser
-from benchmarks.overhead import HOST
+from benchmarks.harness import HOST
 
 
 class Sink:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Any, Iterator
 
 import uvicorn
@@ -13,7 +12,7 @@ import uvicorn
 from gateway.access.secret import hash_secret
 from gateway.app import create_app
 from gateway.config import load_settings
-from support import free_port, wait_ready
+from support import free_port, server_started, wait_ready, wait_until
 
 MODEL = "sim-model"
 
@@ -34,11 +33,8 @@ def serving(settings: dict[str, Any]) -> Iterator[str]:
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.01)
+        wait_until(lambda: server_started(server, thread, "the gateway"), 20,
+                   "the gateway to start", every=0.01)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health")
         yield url

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
@@ -17,6 +16,8 @@ from typing import Any, Callable, Iterator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from support import wait_until
 
 KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 
@@ -120,16 +121,16 @@ class OtlpReceiver:
     def wait_for(self, predicate: Callable[[list[Span]], bool], timeout: float = 15.0,
                  what: str = "spans") -> list[Span]:
         """The spans once ``predicate`` holds for them (polled), else AssertionError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            spans = self.snapshot()
+        spans: list[Span] = []
+
+        def holds() -> bool:
+            spans[:] = self.snapshot()
             assert not self.bad, self.bad
-            if predicate(spans):
-                return spans
-            if time.monotonic() > deadline:
-                names = sorted({(s.service, s.name) for s in spans})
-                raise AssertionError(f"timed out waiting for {what}; have {names}")
-            time.sleep(0.05)
+            return predicate(spans)
+
+        wait_until(holds, timeout,
+                   lambda: f"{what}; have {sorted({(s.service, s.name) for s in spans})}")
+        return spans
 
 
 def children(spans: list[Span], parent: Span) -> Iterator[Span]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 import redis
 
-from support import free_port
+from support import free_port, wait_until
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 
@@ -60,17 +59,18 @@ class PrivateRedis:
              "--appendonly", "no", "--dir", str(self.directory)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
-        deadline = time.monotonic() + 10
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                assert self.proc.poll() is None, f"redis-server on port {self.port} exited"
+                return False
+
         try:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        self.kill()  # never leave a server behind that the test cannot reach
-                        raise RuntimeError(f"redis-server on port {self.port} did not start")
-                    time.sleep(0.05)
+            wait_until(answers, 10, f"redis-server on port {self.port} to start")
+        except AssertionError:
+            self.kill()  # never leave a server behind that the test cannot reach
+            raise
         finally:
             client.close()
 

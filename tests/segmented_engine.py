@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from typing import Any, Callable, Iterator
 
 import orjson
 import uvicorn
 
 from recorded_streams import RECORDINGS
-from support import free_port
+from support import free_port, server_started, wait_until
 
 WINDOW = 4096
 PROBES: dict[str, Any] = {
@@ -69,7 +68,7 @@ class SegmentedEngine:
         data, cuts = recording.data, plan["cuts"]
         for start, end, gap in zip([0, *cuts], [*cuts, len(data)], [0.0, *plan["gaps"]]):
             if gap:
-                await asyncio.sleep(gap)
+                await asyncio.sleep(gap)  # pacing: the plan's gap between two segments
             await send({"type": "http.response.body", "body": data[start:end], "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
@@ -83,11 +82,8 @@ def serving() -> Iterator[str]:
                                            access_log=False, log_level="warning"))
     thread = threading.Thread(target=server.run, name="segmented-engine", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the segmented engine did not start")
-        time.sleep(0.01)
+    wait_until(lambda: server_started(server, thread, "the segmented engine"), 10,
+               "the segmented engine to start", every=0.01)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import httpx
+
+from benchmarks.harness import free_port  # one for the tests and the benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".tools" / "bin"  # linters and validators that scripts/setup.sh installs
@@ -43,36 +46,85 @@ def checkov(*args: str) -> list[dict]:
     return reports if isinstance(reports, list) else [reports]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``url`` until it answers (any status below 500), bounded by ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    last: list[Exception] = []
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
         try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
+            return httpx.get(url, timeout=1.0).status_code < 500
         except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+            last[:] = [exc]
+            return False
+
+    try:
+        wait_until(answers, timeout, f"{url} ready")
+    except AssertionError:
+        raise TimeoutError(f"{url} not ready after {timeout}s: {last[0] if last else None}") \
+            from None
+
+
+T = TypeVar("T")
+
+
+async def _answer(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _describe(what: str | Callable[[], object]) -> object:
+    return what() if callable(what) else what
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
-               what: str = "the condition", every: float = 0.05) -> float:
-    """Poll ``predicate`` until it holds (bounded by ``timeout``); the seconds it took."""
+               what: str | Callable[[], object] = "the condition", every: float = 0.05) -> float:
+    """Poll ``predicate`` until it holds (bounded by ``timeout``); the seconds it took.
+
+    ``what`` names the condition in the failure; a callable is asked at the timeout, so the
+    failure can show the state then. The predicate may raise to stop early (a server that
+    exited will never become ready)."""
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            raise AssertionError(f"not within {timeout} s: {_describe(what)}")
         time.sleep(every)
+    return time.monotonic() - started
+
+
+def wait_for_value(get: Callable[[], T], done: Callable[[T], object], timeout: float = 10.0,
+                   what: str = "the value", every: float = 0.05) -> T:
+    """Poll ``get()`` until ``done(value)`` holds; that value. A timeout fails with ``what``
+    and the last value seen."""
+    started = time.monotonic()
+    while not done(value := get()):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}; last: {repr(value)[:3000]}")
+        time.sleep(every)
+    return value
+
+
+def settle(get: Callable[[], T], done: Callable[[T], object], timeout: float = 10.0,
+           every: float = 0.05) -> T:
+    """Poll ``get()`` until ``done(value)`` holds, bounded; the value then, or the last one
+    at the timeout without an error: for callers whose own assertions on the value say
+    better what is wrong (or that assert it did not settle)."""
+    started = time.monotonic()
+    while not done(value := get()) and time.monotonic() - started <= timeout:
+        time.sleep(every)
+    return value
+
+
+async def wait_until_async(predicate: Callable[[], object], timeout: float = 10.0,
+                           what: str | Callable[[], object] = "the condition",
+                           every: float = 0.05) -> float:
+    """``wait_until`` inside an event loop: sleeps without blocking it; ``predicate`` may be
+    a coroutine function (its answer is awaited)."""
+    started = time.monotonic()
+    while not await _answer(predicate()):
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {_describe(what)}")
+        await asyncio.sleep(every)
     return time.monotonic() - started
 
 
@@ -156,6 +208,14 @@ def gateway_server(config_dir: Path, config: dict, ready_path: str = "/ready",
         yield f"http://127.0.0.1:{port}", proc
 
 
+def server_started(server, thread: threading.Thread, name: str) -> bool:  # noqa: ANN001
+    """A uvicorn server in ``thread`` has started; an error once the thread ended without."""
+    if server.started:
+        return True
+    assert thread.is_alive(), f"{name} exited at startup"
+    return False
+
+
 @contextlib.contextmanager
 def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASGI app
     """``app`` served by uvicorn on a free loopback port in a thread of this process (so a
@@ -168,11 +228,7 @@ def uvicorn_in_thread(app, **config) -> Iterator[int]:  # noqa: ANN001 - any ASG
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            assert thread.is_alive(), "uvicorn exited at startup"
-            time.sleep(0.02)
+        wait_until(lambda: server_started(server, thread, "uvicorn"), 20, "uvicorn to start", 0.02)
         yield port
     finally:
         server.should_exit = True

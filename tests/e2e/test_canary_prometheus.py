@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from typing import Iterator
 
 import httpx
@@ -23,7 +22,7 @@ from gateway.canary.stats import (bucket_value, mann_whitney, mann_whitney_group
 from gateway.metrics import LATENCY_BUCKETS
 from prometheus_support import prometheus
 from canary_support import weighted_pools
-from support import ROOT, gateway_server, sim
+from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "prom-report-admin-token"
@@ -70,10 +69,9 @@ def observed(tmp_path_factory) -> Iterator[tuple[str, str]]:
 
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 list(pool.map(one, range(240)))
-            deadline = time.monotonic() + 30  # Prometheus has scraped the last request
-            while _prom_total(prom) != 240:
-                assert time.monotonic() < deadline, _prom_total(prom)
-                time.sleep(0.5)
+            # Prometheus has scraped the last request
+            wait_until(lambda: _prom_total(prom) == 240, 30, lambda: _prom_total(prom),
+                       every=0.5)
             yield gw, prom
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -16,7 +15,7 @@ from text_generation.errors import ValidationError as TGIValidationError
 
 from gateway.tokens import ModelTokenizer
 from scrape import by_label
-from support import free_port, gateway_server, sim, wait_until
+from support import free_port, gateway_server, settle, sim, wait_until
 
 MODEL = "sim-model"
 GATEWAY_WINDOW = 2048  # below the replicas' 4096: only the gateway can reject in between
@@ -65,12 +64,8 @@ def outstanding(gateway_url: str) -> dict[str, float]:
 
 def settled(gateway_url: str, timeout: float = 5.0) -> dict[str, float]:
     """Outstanding tokens once in-flight requests have ended (bounded wait)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        values = outstanding(gateway_url)
-        if not any(values.values()) or time.monotonic() > deadline:
-            return values
-        time.sleep(0.05)
+    return settle(lambda: outstanding(gateway_url), lambda values: not any(values.values()),
+                  timeout)
 
 
 # --- OpenAI API, real `openai` client ---
@@ -263,9 +258,7 @@ def test_client_disconnect_aborts_upstream_and_releases_ledger(tmp_path: Path, s
                 else:
                     with pytest.raises(httpx.ReadTimeout):
                         http.post(gw + "/v1/completions", json=body, timeout=0.5)
-            deadline = time.monotonic() + 5
-            while sim_state(url)["running"] and time.monotonic() < deadline:
-                time.sleep(0.05)
+            settle(lambda: sim_state(url)["running"], lambda running: not running, 5)
             state = sim_state(url)
             assert state["running"] == 0 and state["aborted_total"] == 1
             assert settled(gw) == {"slow": 0.0}
@@ -356,9 +349,8 @@ def test_unreachable_replica_is_a_502_then_marked_down(tmp_path: Path) -> None:
         first = httpx.post(gw + "/v1/completions", json=body)
         assert first.status_code in (502, 503)
         assert first.json()["error"]["type"] == "server_error"
-        deadline = time.monotonic() + 5
-        while httpx.get(gw + "/ready").status_code != 503 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        settle(lambda: httpx.get(gw + "/ready").status_code, lambda status: status == 503, 5,
+               every=0.1)
         r = httpx.post(gw + "/v1/completions", json=body)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
         tgi = httpx.post(gw + "/generate", json={"inputs": "x"})  # translated, but none is up
@@ -378,8 +370,6 @@ def test_stalled_stream_ends_with_timeout_error_event(tmp_path: Path) -> None:
             error = events[-2]
             assert error.startswith(b'data: {"error":') and b"sent no token" in error
             assert len(events) == 3 + 2  # three tokens, the error, [DONE]
-            deadline = time.monotonic() + 5
-            while sim_state(staller)["running"] and time.monotonic() < deadline:
-                time.sleep(0.05)
+            settle(lambda: sim_state(staller)["running"], lambda running: not running, 5)
             assert sim_state(staller)["running"] == 0  # the upstream sequence was aborted
             assert not any(settled(gw).values())

@@ -31,7 +31,7 @@ from gateway.access.secret import hash_secret
 
 from prometheus_support import prometheus
 from scrape import metric_sum
-from support import ROOT, free_port, running, sim
+from support import ROOT, free_port, running, settle, sim, wait_for_value
 
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
@@ -185,13 +185,9 @@ def drive_troubled(gw: str, replicas: dict[str, str]) -> None:
 def scraped(prom: str, gw: str) -> None:
     """Wait (bounded) until Prometheus has scraped the gateway's current request count."""
     served = _gateway_total(gw, "llm_gateway_requests_total")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        got = query(prom, "sum(llm_gateway_requests_total)")
-        if got and float(got[0]["value"][1]) == served:
-            return
-        time.sleep(0.5)
-    pytest.fail(f"Prometheus never saw {served} requests")
+    wait_for_value(lambda: query(prom, "sum(llm_gateway_requests_total)"),
+                   lambda got: got and float(got[0]["value"][1]) == served, 20,
+                   f"Prometheus to see {served} requests", every=0.5)
 
 
 def panel_values(prom: str) -> dict[tuple[str, str, str], list[float]]:
@@ -214,7 +210,7 @@ def steady(prom: str, read: Callable[[], T]) -> T:
         failed = query(prom, f"min_over_time(up[{window}s]) == 0")
         if not failed:
             return got
-        time.sleep(1)
+        time.sleep(1)  # pacing: the next scrape before reading again
     pytest.fail(f"a scrape failed during each of five readings: {failed}")
 
 
@@ -260,13 +256,12 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
         with running(["serve", "--config", str(path), "--port", str(port), "--log-level",
                       "warning"], gw + "/ready"), \
                 prometheus(tmp_path, gw, list(replicas.values())) as prom:
-            deadline = time.monotonic() + 20  # bounded: the first scrapes, before any traffic
-            while len(query(prom, "up == 1")) < 5 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            # the first scrapes, before any traffic
+            settle(lambda: len(query(prom, "up == 1")), lambda up: up >= 5, 20, every=0.2)
             # Healthy: two rounds with scrapes in between, so rate() sees every series move.
             for _ in range(2):
                 drive_healthy(gw)
-                time.sleep(2.5)
+                time.sleep(2.5)  # pacing: scrapes (1 s) of every target between the rounds
             scraped(prom, gw)
             up, healthy, agreement = steady(prom, lambda: (
                 query(prom, "up"), panel_values(prom),
@@ -294,7 +289,7 @@ def test_every_dashboard_query_returns_a_number_healthy_and_in_trouble(tmp_path:
             # In trouble: the same panels, now with what happened.
             for _ in range(2):
                 drive_troubled(gw, replicas)
-                time.sleep(2.5)
+                time.sleep(2.5)  # pacing: scrapes (1 s) of every target between the rounds
             scraped(prom, gw)
             troubled = steady(prom, lambda: panel_values(prom))
             assert not without_a_number(troubled), "panels without a number:\n" + \

@@ -20,7 +20,7 @@ from gateway.canary.verdict import verdict
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import proportion_difference, score_test, wilson
 from gateway.config import CanaryJudgeConfig
-from support import ROOT, gateway_server, sim
+from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "agreement-admin-token"
@@ -175,10 +175,9 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_like_engine_passes_and_one_with_other_text_fails_on_agreement(gateway: str) -> None:
-    deadline = time.monotonic() + 20
-    while _ended_pairs(gateway) < 70:  # every copy ended (35 requests, two shadow pools)
-        assert time.monotonic() < deadline, _ended_pairs(gateway)
-        time.sleep(0.1)
+    # every copy ended (35 requests, two shadow pools)
+    wait_until(lambda: _ended_pairs(gateway) >= 70, 20,
+               lambda: f"70 ended pairs, have {_ended_pairs(gateway)}", every=0.1)
     same = cli(gateway, "--canary", "same", "--json")
     result = json.loads(same.stdout)
     assert judged(result)["class"] == "pass" and judged(result)["canary_rate"] == 1.0
@@ -214,10 +213,8 @@ def test_the_guard_exports_the_judged_agreement(gateway: str) -> None:
                 out[key] = float(line.rsplit(" ", 1)[1])
         return out
 
-    deadline = time.monotonic() + 20
-    while gauges().get(("other", "agreement", "estimate")) != 0.0:
-        assert time.monotonic() < deadline, gauges()
-        time.sleep(0.2)
+    wait_until(lambda: gauges().get(("other", "agreement", "estimate")) == 0.0, 20, gauges,
+               every=0.2)
     got = gauges()
     assert got[("same", "agreement", "estimate")] == 1.0
     assert got[("other", "agreement", "required")] == 0.9

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +19,7 @@ from gateway.canary.samples import PairSample, Sample
 from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, private_redis, shared_prefix
 from scrape import metric_sum
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_for_value
 
 MODEL = "sim-model"
 TOKEN = "fleet-admin-token"
@@ -94,11 +93,8 @@ def verdict(url: str) -> dict:
 def fleet_verdict(url: str, total: int) -> dict:
     """The verdict once the fleet's store holds ``total`` requests (each instance sends its
     samples every 0.2 s)."""
-    deadline = time.monotonic() + 10
-    while sum((result := verdict(url))["requests"].values()) < total:
-        assert time.monotonic() < deadline, result["requests"]
-        time.sleep(0.1)
-    return result
+    return wait_for_value(lambda: verdict(url), lambda v: sum(v["requests"].values()) >= total,
+                          10, f"{total} requests in the verdict", every=0.1)
 
 
 def served_here(url: str) -> int:
@@ -161,10 +157,9 @@ def test_redis_down_falls_back_to_the_instance_and_comes_back(engines, tmp_path)
         assert "Redis unreachable" in down["samples"]["note"]
         assert sum(down["requests"].values()) == served_here(one) == 40
         server.start()  # empty: the instances send what they held since
-        deadline = time.monotonic() + 20
-        while (back := verdict(two))["samples"]["scope"] != "fleet" or \
-                sum(back["requests"].values()) < 40:
-            assert time.monotonic() < deadline, back["samples"]
-            time.sleep(0.3)
+        back = wait_for_value(lambda: verdict(two),
+                              lambda v: v["samples"]["scope"] == "fleet"
+                              and sum(v["requests"].values()) >= 40,
+                              20, "fleet samples of 40 requests", every=0.3)
         # Queued while Redis was away: both instances' requests of the outage are there.
         assert back["samples"]["instances"] == 2 and sum(back["requests"].values()) == 40

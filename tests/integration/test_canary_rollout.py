@@ -25,7 +25,7 @@ from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.shared.redis_keys import SharedKeys
 from redis_support import SHARED_URL, shared_prefix
-from support import ROOT, gateway_server, sim
+from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"
 TOKEN = "rollout-admin-token"
@@ -100,6 +100,14 @@ def state(prefix: str) -> dict[str, str]:
         client.close()
 
 
+def lock_holder(prefix: str) -> str | None:
+    client = redis.Redis.from_url(SHARED_URL, decode_responses=True)
+    try:
+        return client.get(SharedKeys(prefix).canary_rollout_lock(MODEL))
+    finally:
+        client.close()
+
+
 def test_steps_must_rise_within_0_and_100() -> None:
     assert parse_steps("5,25,50,100") == [5, 25, 50, 100]
     for bad in ("50,25", "0,50", "5,150", "5,5", "a,b", ""):
@@ -117,7 +125,7 @@ def test_without_redis_the_driver_refuses_with_a_clear_message() -> None:
 def test_a_healthy_canary_goes_from_5_to_100_and_a_second_driver_refuses(tmp_path) -> None:
     with shared_prefix() as prefix, fleet(tmp_path, PACED, prefix) as url:
         first = driver(url, prefix, "--steps", "5,25,50,100", *FAST)
-        time.sleep(2)  # it holds the lock by now
+        wait_until(lambda: lock_holder(prefix) is not None, 20, "the first driver's lock")
         code, out = finish(driver(url, prefix, "--steps", "5,25,50,100", *FAST), 60)
         assert code == 5 and "another driver runs this rollout" in out, out
         code, out = finish(first)
@@ -142,10 +150,11 @@ def test_a_30_percent_slower_canary_is_rolled_back_at_its_first_step(tmp_path) -
 def test_a_killed_driver_is_resumed_where_it_was(tmp_path) -> None:
     with shared_prefix() as prefix, fleet(tmp_path, PACED, prefix) as url:
         first = driver(url, prefix, "--steps", "5,25,50,100", *FAST)
-        deadline = time.monotonic() + 120
-        while state(prefix).get("step") != "1":  # at 25%
-            assert time.monotonic() < deadline and first.poll() is None, state(prefix)
-            time.sleep(0.1)
+        def at_25_percent() -> bool:
+            assert first.poll() is None, state(prefix)
+            return state(prefix).get("step") == "1"
+
+        wait_until(at_25_percent, 120, lambda: state(prefix), every=0.1)
         started = float(state(prefix)["step_started"])
         first.send_signal(signal.SIGKILL)
         first.communicate()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -270,7 +269,7 @@ def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
          "replicas": [{"url": engines["other"], "name": "copy-1"}]}]}],
         "health": {"interval": 0.5}, "admin_token": TOKEN}
     with gateway_server(tmp_path, config) as (url, _), httpx.Client(timeout=10) as client:
-        for session in ("s-1", "s-2"):
+        for s, session in enumerate(("s-1", "s-2")):
             served = set()
             for i in range(10):
                 response = client.post(url + "/v1/completions", headers={"x-session-id": session},
@@ -278,7 +277,9 @@ def test_shadow_copies_leave_session_affinity_alone(engines, tmp_path) -> None:
                                              "max_tokens": 2})
                 assert response.status_code == 200
                 served.add(response.headers["x-gateway-replica"])
-                time.sleep(0.05)  # the copy has been placed by now
+                pairs = 10 * s + i + 1  # the copy has been placed (and compared) by now
+                wait_until(lambda: report(url)["pools"].get("copy", {}).get("compared") == pairs,
+                           20, f"pair {pairs} compared")
             assert len(served) == 1, (session, served)
         wait_until(lambda: report(url)["pools"].get("copy", {}).get("compared") == 20, 20,
                    "all 20 pairs compared")

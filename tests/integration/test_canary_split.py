@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from typing import Iterator
 
 import httpx
@@ -25,7 +24,7 @@ from gateway.protocol.errors import Api
 from gateway.protocol.request import Caller, GenerationRequest
 from routing import Routing
 from redis_support import SHARED_URL, shared_prefix
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_until, wait_until_async
 
 MODEL = "sim-model"
 TOKEN = "canary-admin-token"
@@ -93,7 +92,8 @@ async def test_sticky_key_waits_for_its_full_pool_instead_of_leaving_it() -> Non
     first = await router.place(model, admission, key=key)
     assert first.replica.pool == "stable"
     waiting = asyncio.create_task(router.place(model, admission, key=key))
-    await asyncio.sleep(0.05)
+    await wait_until_async(lambda: router.queued(MODEL) == 1, 5, "the keyed request queued",
+                           every=0.001)
     assert not waiting.done()  # the canary replica is free, yet the key waits for stable
     first.lease.close()
     second = await asyncio.wait_for(waiting, 1)
@@ -183,10 +183,8 @@ def _set_weight(url: str, pool: str, weight: float) -> httpx.Response:
 
 
 def _wait_weights(url: str, expected: dict[str, float], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _weights(url) != expected:
-        assert time.monotonic() < deadline, f"{url} weights {_weights(url)} != {expected}"
-        time.sleep(0.05)
+    wait_until(lambda: _weights(url) == expected, timeout,
+               lambda: f"{url} weights {_weights(url)} != {expected}")
 
 
 def test_thousand_sessions_split_90_10_through_the_gateway(two_gateways) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.outcomes: list[str] = []
+        self.inside = 0  # requests that reached cancel_on_disconnect's block
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -38,8 +38,9 @@ class Recorder:
             self.outcomes.append("answered")
             return
         async with cancel_on_disconnect(receive) as gone:
+            self.inside += 1
             try:
-                await asyncio.sleep(5)
+                await asyncio.sleep(5)  # the request's work, until the client leaves
                 self.outcomes.append("not cancelled")
             except asyncio.CancelledError:
                 self.outcomes.append("cancelled, gone" if gone.is_set() else "cancelled")
@@ -59,7 +60,7 @@ def test_a_client_that_leaves_cancels_its_request_and_a_slow_body_is_refused(htt
     app = Recorder()
     with uvicorn_in_thread(app, http=http, lifespan="off") as port:
         with post(port, b"wait") as sock:
-            time.sleep(0.2)  # inside the block by now
+            wait_until(lambda: app.inside == 1, 5, "the request inside the block")
         wait_until(lambda: len(app.outcomes) >= 2, 5, "outcome 2")
         assert app.outcomes == ["cancelled, gone", "swallowed"]
 

@@ -202,7 +202,9 @@ def test_replicas_join_and_drain_as_the_answers_change_and_no_request_is_lost(
                     name[HOSTS[0]]: "healthy", name[HOSTS[2]]: "healthy"}, 15,
                     "the first address back")
                 rejoined = time.monotonic()
-                time.sleep(1.0)  # traffic reaches it again
+                wait_until(lambda: any(r == name[HOSTS[0]] and start > rejoined
+                                       for start, _, r, _ in list(traffic.served)), 15,
+                           "traffic on the first address again")
             finally:
                 traffic.stop()
             assert not traffic.failures, traffic.failures[:5]

@@ -15,7 +15,7 @@ from gateway import engines
 from gateway.fleet.engine_signals import EngineSignals, SignalScraper
 from gateway.fleet.replica import Replica
 from gateway.sim.metrics import Gauges, make_meter, render
-from support import free_port, sim
+from support import free_port, sim, wait_until_async
 
 
 @pytest.mark.parametrize("dialect,kv", [("vllm", 0.25), ("sglang", 0.25), ("tgi", 0.25),
@@ -64,7 +64,12 @@ async def _in_flight_on(url: str, session: aiohttp.ClientSession) -> asyncio.Tas
     """A request the simulated engine will hold (paced profile, long TTFT)."""
     body = {"model": "sim-model", "prompt": "hello", "max_tokens": 2, "stream": True}
     task = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
-    await asyncio.sleep(0.3)
+
+    async def running() -> bool:
+        async with session.get(f"{url}/sim/state") as state:
+            return (await state.json())["running"] >= 1
+
+    await wait_until_async(running, 5, "the request running in the engine")
     return task
 
 
@@ -101,11 +106,7 @@ async def test_the_gateway_scrapes_its_replicas_from_start_up(tmp_path) -> None:
         await gateway.start()
         try:
             replica = gateway.replicas[0]
-            for _ in range(50):
-                if replica.signals is not None:
-                    break
-                await asyncio.sleep(0.05)
-            assert replica.signals is not None
+            await wait_until_async(lambda: replica.signals is not None, 2.5, "the first scrape")
             assert (replica.signals.running, replica.signals.waiting) == (0, 0)
             assert replica.signals.kv_usage == 0.0
         finally:

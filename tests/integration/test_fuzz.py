@@ -4,7 +4,6 @@ never a 500 or a stack trace, and nothing left behind (load, queue, engine seque
 from __future__ import annotations
 
 import json
-import time
 from typing import Iterator
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import gateway_server, sim
+from support import gateway_server, settle, sim
 
 MODEL = "sim-model"
 TOKEN = "fuzz-admin"
@@ -158,16 +157,17 @@ def test_huge_headers_and_oversized_bodies_are_refused(gw) -> None:
 def test_nothing_is_left_behind_after_the_fuzzing(gw) -> None:
     """Runs last in this module: every request above released what it took."""
     admin = {"authorization": f"Bearer {TOKEN}"}
-    deadline = time.monotonic() + 5
-    while True:
-        fleet = httpx.get(gw["gw"] + "/admin/replicas", headers=admin).json()["replicas"]
-        runtime = httpx.get(gw["gw"] + "/admin/runtime", headers=admin).json()
-        engines = [httpx.get(gw[name] + "/sim/state").json() for name in ("vllm", "tgi")]
-        idle = (all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0 for r in fleet)
+    def now() -> tuple[list, dict, list]:
+        return (httpx.get(gw["gw"] + "/admin/replicas", headers=admin).json()["replicas"],
+                httpx.get(gw["gw"] + "/admin/runtime", headers=admin).json(),
+                [httpx.get(gw[name] + "/sim/state").json() for name in ("vllm", "tgi")])
+
+    def idle(seen: tuple[list, dict, list]) -> bool:
+        fleet, runtime, engines = seen
+        return (all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0 for r in fleet)
                 and runtime["active_requests"] == 0
                 and all(e["running"] == 0 and e["waiting"] == 0 for e in engines))
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert idle, (fleet, runtime, engines)
+
+    fleet, runtime, engines = settle(now, idle, 5, every=0.1)
+    assert idle((fleet, runtime, engines)), (fleet, runtime, engines)
     assert all(r["state"] == "healthy" for r in fleet)

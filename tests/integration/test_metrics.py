@@ -29,7 +29,7 @@ from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KIND
 from gateway.protocol.errors import Api
 from gateway.tokens import ModelTokenizer
 from scrape import samples
-from support import free_port, running, sim
+from support import free_port, running, settle, sim, wait_for_value
 
 PACED = ("--profile", "paced", "--ttft-ms", "30", "--itl-ms", "2")
 
@@ -399,12 +399,8 @@ def test_workers_2_one_scrape_shows_the_totals_of_both(tmp_path: Path) -> None:
 
 def _wait_for(gateway: str, name: str, want: float, timeout: float = 10.0) -> float:
     """The gauge's total once it reaches ``want`` (workers publish every second), bounded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = total(scrape(gateway), name)
-        if value == want or time.monotonic() > deadline:
-            return value
-        time.sleep(0.2)
+    return settle(lambda: total(scrape(gateway), name), lambda value: value == want, timeout,
+                  every=0.2)
 
 
 def test_serve_removes_its_own_multiprocess_dir(tmp_path: Path) -> None:
@@ -430,13 +426,8 @@ def test_client_leaving_mid_stream_counts_as_4xx(truth_fleet: dict) -> None:
                       json={"model": "nousage", "prompt": "hi", "max_tokens": 500,
                             "stream": True}) as r:
         next(r.iter_raw())  # one token, then the client leaves
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # bounded: the gateway notices the disconnect
-        samples = scrape(gw)
-        if total(samples, "llm_gateway_requests_total", replica="nousage-0",
-                 status="4xx") == before + 1:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the abandoned stream was not counted as 4xx")
+    samples = wait_for_value(  # the gateway notices the disconnect
+        lambda: scrape(gw), lambda s: total(s, "llm_gateway_requests_total",
+                                            replica="nousage-0", status="4xx") == before + 1,
+        10, "the abandoned stream counted as 4xx", every=0.1)
     assert total(samples, "llm_gateway_replica_in_flight_requests", replica="nousage-0") == 0

@@ -4,7 +4,6 @@ check the names they are sent. One replica is one ledger entry whatever name a r
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +15,7 @@ from gateway.config import load_settings
 from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
 from scrape import by_label, samples
-from support import gateway_server, sim
+from support import gateway_server, sim, wait_until
 
 BASE = "base"
 
@@ -114,12 +113,12 @@ def test_adapter_requests_go_where_the_engine_runs_it_or_has_a_slot(tmp_path: Pa
         with gateway_server(tmp_path, config) as (gateway, _), ThreadPoolExecutor(8) as pool:
             # b's only adapter slot is taken by `other` for about 8 s ...
             busy = [pool.submit(_stream, gateway, "other", 80) for _ in range(2)]
-            deadline = time.monotonic() + 10
-            while "other" not in httpx.get(f"{b}/metrics").text.split(
-                    "running_lora_adapters=\"")[-1].split('"')[0]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            time.sleep(0.5)  # the gateway's next scrapes see it
+            wait_until(lambda: "other" in httpx.get(f"{b}/metrics").text.split(
+                "running_lora_adapters=\"")[-1].split('"')[0], 10, "b running `other`")
+            # the gateway's next scrape of b sees it (and b's running count with it)
+            wait_until(lambda: by_label(gateway, "llm_gateway_engine_running_requests",
+                                        "replica").get("b", 0) >= 1, 10,
+                       "the gateway's scrape of b running `other`")
             # ... so round robin or not, `sql` goes to a, which has a free slot.
             where = Counter(_complete(gateway, "sql", 1).headers["x-gateway-replica"]
                             for _ in range(6))

@@ -27,6 +27,7 @@ from gateway.metrics import SharedStateMetrics
 from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync, connect, redacted
 from redis_support import SHARED_URL, delete_prefix, private_redis, unique_prefix
+from support import wait_until_async
 
 REPLICAS = ["a", "b", "c"]
 
@@ -175,10 +176,15 @@ async def test_crashed_peer_stops_counting_after_its_ttl(shared) -> None:
     await survivor.sync(redis)
     assert loads(survivor)["a"] == (500, 1)
     seen_at = time.monotonic()
-    while loads(survivor)["a"] != (0, 0):  # the survivor keeps syncing, the crashed one not
-        assert time.monotonic() - seen_at < 5, "phantom load never expired"
+
+    async def expired() -> bool:  # the survivor keeps syncing, the crashed one not
+        if loads(survivor)["a"] == (0, 0):
+            return True
         await asyncio.sleep(0.05)
         await survivor.sync(redis)
+        return loads(survivor)["a"] == (0, 0)
+
+    await wait_until_async(expired, 5, "the phantom load to expire", every=0)
     assert time.monotonic() - seen_at >= ttl * 0.5  # it did count until its heartbeat lapsed
     assert not await redis.exists(f"{prefix}load:crashed")
     assert await redis.zrange(f"{prefix}instances", 0, -1) == ["survivor"]
@@ -271,11 +277,15 @@ async def test_sync_fails_open_and_converges_after_redis_restarts(
             started = time.monotonic()
             failures = 0
             # Down: rounds fail fast; peers' load is kept for the TTL, then dropped.
-            while loads(b.ledger)["a"] != (0, 0):
-                assert time.monotonic() - started < 5
+            async def dropped() -> bool:
+                nonlocal failures
+                if loads(b.ledger)["a"] == (0, 0):
+                    return True
                 assert not await asyncio.wait_for(b.round(), 5)
                 failures += 1
-                await asyncio.sleep(0.1)
+                return False
+
+            await wait_until_async(dropped, 5, "the peers' load dropped", every=0.1)
             assert time.monotonic() - started >= 0.6
             own = b.ledger.lease("b", 10, 0)  # requests go on, on own load
             assert loads(b.ledger)["b"] == (10, 1)
@@ -322,7 +332,7 @@ async def test_frozen_redis_fails_the_round_within_its_timeout(tmp_path: Path) -
 async def test_placed_requests_are_announced_without_waiting_for_the_interval(shared) -> None:
     """With a 5 s interval, only the pub/sub announcement can make a peer see a new request
     (and its end) within 2 s; cancelling the tasks stops them (no sync through shutdown)."""
-    _, prefix = shared
+    redis, prefix = shared
     keys = SharedKeys(prefix)
 
     def task(instance: str) -> SharedStateSync:
@@ -332,16 +342,18 @@ async def test_placed_requests_are_announced_without_waiting_for_the_interval(sh
     a, b = task("A"), task("B")
     runs = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
     try:
-        await asyncio.sleep(0.3)  # both subscribed and through their first round
+        async def both_ready() -> bool:  # subscribed and through their first round
+            [(_, subscribers)] = await redis.pubsub_numsub(keys.load_events)
+            return a.up is True and b.up is True and subscribers == 2
+
+        await wait_until_async(both_ready, 5, "both instances subscribed and in sync")
         lease = a.ledger.lease("a", 200, 20)
         started = time.monotonic()
-        while loads(b.ledger)["a"] != (220, 1):
-            assert time.monotonic() - started < 2, "not announced"
-            await asyncio.sleep(0.005)
+        await wait_until_async(lambda: loads(b.ledger)["a"] == (220, 1), 2, "announced",
+                               every=0.005)
         lease.close()
-        while loads(b.ledger)["a"] != (0, 0):
-            assert time.monotonic() - started < 4, "end not announced"
-            await asyncio.sleep(0.005)
+        await wait_until_async(lambda: loads(b.ledger)["a"] == (0, 0),
+                               4 - (time.monotonic() - started), "end announced", every=0.005)
     finally:
         for run in runs:
             run.cancel()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import gc
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import load_settings
 from otlp_receiver import OtlpReceiver
-from support import sim, uvicorn_in_thread
+from support import sim, uvicorn_in_thread, wait_until
 
 
 @pytest.mark.parametrize("observed", [False, True], ids=["plain", "traced-and-logged"])
@@ -51,7 +50,9 @@ def test_served_requests_leave_no_garbage_cycles(tmp_path: Path, observed: bool)
                     answers.append(client.post("/generate_stream", json={
                         "inputs": "hi", "parameters": {"max_new_tokens": 8}}))
                 answers.append(client.post("/v1/completions", json={"prompt": 1}))  # a 400
-                time.sleep(0.2)  # every exchange over, connections back in the pool
+                # every exchange over, connections back in the pool
+                wait_until(lambda: app.state.gateway.active_requests == 0, 5,
+                           "no request inside the gateway")
                 gc.collect()
                 ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
                                            if type(o).__module__.startswith("gateway."))

@@ -86,7 +86,7 @@ def test_killed_replica_waiting_requests_retry_elsewhere_streams_end_with_error(
             streams = [Stream(gw) for _ in range(6)]
             wait_until(lambda: any(s.replica == "victim" for s in streams), 10, "a stream")
             streams += [Stream(gw) for _ in range(6)]
-            time.sleep(0.1)
+            time.sleep(0.1)  # the scenario: the kill comes while these are in flight
             victim.kill()
             streams += [Stream(gw) for _ in range(6)]  # sent after the kill
             for s in streams:
@@ -256,7 +256,7 @@ def test_slow_client_body_gets_408_and_frees_its_slot(tmp_path: Path) -> None:
                 with contextlib.suppress(OSError):
                     for _ in range(20):  # one byte every 0.1 s: never done within 0.5 s
                         conn.sendall(b" ")
-                        time.sleep(0.1)
+                        time.sleep(0.1)  # the thing tested: a slow client's pace
                         conn.setblocking(False)
                         with contextlib.suppress(BlockingIOError):
                             answer += conn.recv(65536)

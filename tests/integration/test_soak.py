@@ -19,7 +19,7 @@ import aiohttp
 import httpx
 
 from scrape import metric_sum
-from support import free_port, gateway_server, running, sim
+from support import free_port, gateway_server, running, settle, sim
 
 MODEL = "sim-model"
 TOKEN = "soak-admin"
@@ -139,21 +139,23 @@ def test_soak_leaves_nothing_behind(tmp_path: Path) -> None:
                 try:
                     retried = metric(gw, "llm_gateway_retries_total")
                     upstream_errors = metric(gw, "llm_gateway_upstream_errors_total")
-                    deadline = time.monotonic() + 10
-                    while True:
+                    def after() -> tuple[list, dict, dict]:
                         fleet = httpx.get(gw + "/admin/replicas", headers=ADMIN).json()["replicas"]
                         states = {n: httpx.get(u + "/sim/state").json() for n, u in engines.items()}
-                        now = runtime(gw)
-                        done = (all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
+                        return fleet, states, runtime(gw)
+
+                    def done(seen: tuple[list, dict, dict]) -> bool:
+                        fleet, states, now = seen
+                        return (all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
                                     for r in fleet)
                                 and all(s["running"] == 0 and s["waiting"] == 0
                                         for s in states.values())
                                 and now["active_requests"] == 0
                                 and now["open_fds"] <= baseline["open_fds"]
                                 and now["asyncio_tasks"] <= baseline["asyncio_tasks"])
-                        if done or time.monotonic() > deadline:
-                            break
-                        time.sleep(0.25)
+
+                    # the assertions below say what did not settle
+                    fleet, states, now = settle(after, done, 10, every=0.25)
                     figures = {"requests": REQUESTS, "seconds": round(elapsed, 1),
                                "faults_injected": dict(injected),
                                "engine_error_rate": "5% on flaky (500) and tgi (503)",

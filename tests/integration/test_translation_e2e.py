@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -21,7 +20,7 @@ import text_generation.errors as tgi_errors
 from huggingface_hub import InferenceClient
 
 from gateway.tokens import ModelTokenizer
-from support import gateway_server, sim
+from support import gateway_server, settle, sim
 
 MODEL = "sim-model"
 WINDOW = 1024
@@ -53,14 +52,12 @@ def one_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 def ledger(gateway: str) -> list[tuple[int, int]]:
     """Outstanding tokens and in-flight requests of every replica, once in-flight work ended."""
-    deadline = time.monotonic() + 5
-    while True:
+    def loads() -> list[tuple[int, int]]:
         replicas = httpx.get(gateway + "/admin/replicas",
                              headers={"authorization": "Bearer t"}).json()["replicas"]
-        loads = [(r["outstanding_tokens"], r["in_flight"]) for r in replicas]
-        if not any(a or b for a, b in loads) or time.monotonic() > deadline:
-            return loads
-        time.sleep(0.05)
+        return [(r["outstanding_tokens"], r["in_flight"]) for r in replicas]
+
+    return settle(loads, lambda now: not any(a or b for a, b in now), 5)
 
 
 def _tokens_match_text(details: text_generation.types.Details, text: str) -> None:
@@ -199,9 +196,7 @@ def test_client_disconnect_aborts_a_translated_stream(one_engine: tuple[str, str
             for _ in range(3):
                 next(chunks)
             assert httpx.get(replica + "/sim/state").json()["running"] == 1
-    deadline = time.monotonic() + 5
-    while httpx.get(replica + "/sim/state").json()["running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    settle(lambda: httpx.get(replica + "/sim/state").json()["running"], lambda n: not n, 5)
     state = httpx.get(replica + "/sim/state").json()
     assert state["running"] == 0 and state["aborted_total"] >= 1
     assert not any(a or b for a, b in ledger(url))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -19,7 +20,7 @@ import pytest
 from gateway.api.client_sink import open_stream, send_whole
 from gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                               UpstreamTransportError)
-from support import free_port, uvicorn_in_thread
+from support import free_port, uvicorn_in_thread, wait_until, wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -31,6 +32,7 @@ class Server:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
+        self.closed = 0  # connections ended (by either side)
         self.requests: list[bytes] = []
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,6 +50,7 @@ class Server:
             pass  # the client closed the connection
         finally:
             writer.close()
+            self.closed += 1
 
 
 @contextlib.asynccontextmanager
@@ -137,7 +140,7 @@ async def test_idle_connections_older_than_keepalive_are_not_reused() -> None:
     pool = UpstreamPool(keepalive=0.05)
     async with serving(handler) as (url, server):
         await (await pool.request(url, "/", b"", [], 1.0)).read()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the thing tested: the keep-alive time passes
         await (await pool.request(url, "/", b"", [], 1.0)).read()
         assert server.connections == 2
     await pool.close()
@@ -155,7 +158,7 @@ async def test_a_streamed_body_is_delivered_read_by_read_and_decoded(framing: st
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"connection: close\r\n\r\n")
         for event in events:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # pacing: one event per read
             writer.write(b"%x\r\n%b\r\n" % (len(event), event) if framing == "chunked"
                          else event)
         if framing == "chunked":
@@ -228,9 +231,9 @@ async def test_the_per_replica_limit_holds_an_exchange_until_one_ends() -> None:
     pool = UpstreamPool(keepalive=5, max_per_origin=1)
     async with serving(handler) as (url, server):
         first = asyncio.ensure_future(pool.request(url, "/", b"", [], 1.0))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: len(server.requests) == 1, 5, "the first request sent")
         second = asyncio.ensure_future(pool.request(url, "/", b"", [], 1.0))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which the second must not go out
         assert not second.done() and len(server.requests) == 1  # waiting for the slot
         release.set()
         assert await (await first).read() == b"1"
@@ -252,7 +255,7 @@ async def _sink_app(scope, receive, send) -> None:
     sink = await open_stream(send, 200, HEADERS, b"first ")
     for event in (type(sink).__name__.encode(), *EVENTS):
         sink.write(event)
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # pacing: one write per event
     await sink.finish()
     sink.close()
 
@@ -276,6 +279,9 @@ WHOLE = b'{"error": {"message": "too long"}}'
 CHUNKS, CHUNK = 128, 64 * 1024  # 8 MiB: more than a loopback connection buffers
 
 
+FLOOD_PAUSED = threading.Event()  # _flood_app has found its sink full
+
+
 async def _flood_app(scope, receive, send) -> None:
     """Writes numbered 64 KiB chunks; whenever the sink says the client is not keeping up,
     waits until it has drained (as the relay does, by not reading upstream)."""
@@ -286,6 +292,7 @@ async def _flood_app(scope, receive, send) -> None:
     for i in range(CHUNKS):
         if sink.write(b"%06d" % i + b"x" * (CHUNK - 6)):
             pauses += 1
+            FLOOD_PAUSED.set()
             drained = asyncio.Event()
             sink.when_drained(drained.set)
             await asyncio.wait_for(drained.wait(), 20)
@@ -298,15 +305,16 @@ async def _flood_app(scope, receive, send) -> None:
 def test_a_client_that_does_not_read_makes_the_sink_full_until_it_has_drained(
         http: str) -> None:
     import socket
-    import time
 
+    FLOOD_PAUSED.clear()
     with uvicorn_in_thread(_flood_app, http=http, lifespan="off", access_log=False) as port, \
             socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
         s.settimeout(20)
         s.connect(("127.0.0.1", port))
         s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-        time.sleep(0.5)  # reads nothing: the server's buffers fill
+        # reads nothing until the server's buffers are full
+        wait_until(FLOOD_PAUSED.is_set, 20, "the sink full (the app paused)")
         data = bytearray()
         while not data.endswith(b"0\r\n\r\n"):
             more = s.recv(1 << 20)
@@ -424,14 +432,15 @@ async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:
     async def handler(reader, writer, n) -> bool:
         writer.write(answer(b"ok %d" % n))
         if n == 1:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the scenario: the connection idle, then an answer
             writer.write(answer(b"unasked"))  # keeps the connection open
         return True
 
     pool = UpstreamPool(keepalive=5)
     async with serving(handler) as (url, server):
         assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 1"
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: server.closed == 1, 5,
+                               "the pool to drop the connection of the unasked answer")
         assert await (await pool.request(url, "/", b"", [], 1.0)).read() == b"ok 2"
         assert server.connections == 2
     await pool.close()

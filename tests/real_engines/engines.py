@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -20,7 +19,7 @@ from typing import Iterator
 import httpx
 
 from scrape import metric_sum
-from support import ROOT, free_port
+from support import ROOT, free_port, wait_until
 
 ENGINES = ROOT / ".tools" / "engines"
 SKIP_ENV = "GATEWAY_SKIP_REAL_ENGINES"
@@ -85,21 +84,22 @@ def _launch(args: list[str], env: dict[str, str], url: str, log: Path) -> Engine
 
 
 def _wait_ready(engine: Engine, timeout: float) -> Engine:
-    deadline = time.monotonic() + timeout
-    while True:
+    def healthy() -> bool:
         if engine.proc.poll() is not None:
             raise RuntimeError(f"{engine.args[0]} exited with {engine.proc.returncode} before "
                                f"it was ready:\n{engine.log_tail()}")
         try:
-            if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
-                return engine
+            return httpx.get(engine.url + "/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            engine.stop()
-            raise TimeoutError(f"{engine.args[0]} not ready after {timeout:.0f}s:\n"
-                               f"{engine.log_tail()}")
-        time.sleep(0.25)
+            return False
+
+    try:
+        wait_until(healthy, timeout, f"{engine.args[0]} ready", every=0.25)
+    except AssertionError:
+        engine.stop()
+        raise TimeoutError(f"{engine.args[0]} not ready after {timeout:.0f}s:\n"
+                           f"{engine.log_tail()}") from None
+    return engine
 
 
 def _start(args: list[str], env: dict[str, str], url: str, log: Path, timeout: float) -> Engine:

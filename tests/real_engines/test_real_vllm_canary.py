@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from engines import Engine, VllmSpec, vllms
-from support import gateway_server
+from support import gateway_server, wait_for_value, wait_until
 
 ADMIN = {"authorization": "Bearer real"}
 
@@ -90,10 +89,8 @@ def test_every_shadowed_pair_is_compared_or_dropped(gateway: str,
     for t in threads:
         t.join(600)
     assert not failures
-    deadline = time.monotonic() + 60
-    while accounted(report(gateway)) - before < 200:
-        assert time.monotonic() < deadline, report(gateway)
-        time.sleep(0.2)
+    wait_until(lambda: accounted(report(gateway)) - before >= 200, 60,
+               lambda: report(gateway), every=0.2)
     pool = report(gateway)
     assert accounted(pool) - before == 200, pool
     assert pool["greedy_compared"] == pool["compared"] > 0
@@ -115,10 +112,9 @@ def test_the_verdict_judges_the_agreement_the_pairs_measured(gateway: str) -> No
     before = accounted(report(gateway))
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         list(pool.map(send, range(60)))
-    deadline = time.monotonic() + 60
-    while accounted(pairs := report(gateway)) - before < 60:  # copies end after primaries
-        assert time.monotonic() < deadline, pairs
-        time.sleep(0.2)
+    pairs = wait_for_value(lambda: report(gateway),  # copies end after primaries
+                           lambda p: accounted(p) - before >= 60, 60, "60 more pairs",
+                           every=0.2)
     result = httpx.get(gateway + "/admin/canary/tiny?canary=bf16", headers=ADMIN).json()
     agreement = next(m for m in result["metrics"] if m["metric"] == "agreement")
     assert agreement["pairs"]["greedy_compared"] == pairs["greedy_compared"]

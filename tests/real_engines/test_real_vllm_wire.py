@@ -32,7 +32,7 @@ from otlp_receiver import OtlpReceiver, Span, children
 from recorded_streams import as_the_client_asked
 from gateway.tokens import ModelTokenizer
 from shapes import SHAPE_REQUESTS, differences, metric_families, same_shapes, shape
-from support import gateway_server, sim
+from support import gateway_server, settle, sim, wait_until
 from tee import Tee, tee
 from tiny_model import write_lora
 
@@ -312,14 +312,12 @@ def test_engine_signals_read_from_the_real_metrics(gateway: str) -> None:
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 30
-        seen: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+        def signals() -> dict[str, Any]:
             replica = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"][0]
-            seen = replica.get("engine_signals") or {}
-            if (seen.get("running") or 0) > 0 and (seen.get("kv_usage") or 0) > 0:
-                break
-            time.sleep(0.1)
+            return replica.get("engine_signals") or {}
+
+        seen = settle(signals, lambda s: (s.get("running") or 0) > 0
+                      and (s.get("kv_usage") or 0) > 0, 30, every=0.1)
         assert (seen.get("running") or 0) > 0 and 0 < seen["kv_usage"] <= 1, \
             (seen, sorted(Counter(map(str, statuses)).items()))
     finally:
@@ -338,13 +336,18 @@ def _generated_after_leaving(gateway: str, engine: Engine) -> float:
             "model": "tiny", "prompt": "a long one", "max_tokens": 1000, "stream": True,
             "ignore_eos": True}) as response:
         assert next(response.iter_lines()).startswith("data: ")
-    deadline, last, still_since = time.monotonic() + 20, -1.0, time.monotonic()
-    while time.monotonic() - still_since < 1.0:
-        assert time.monotonic() < deadline, "the engine's token counter never settled"
+    last, still_since = -1.0, time.monotonic()
+
+    def still_for_a_second() -> bool:
+        nonlocal last, still_since
+        if time.monotonic() - still_since >= 1.0:
+            return True
         now = generated()
         if now != last:
             last, still_since = now, time.monotonic()
-        time.sleep(0.05)
+        return False
+
+    wait_until(still_for_a_second, 20, "the engine's token counter to settle")
     return last - before
 
 

@@ -17,6 +17,7 @@ from gateway.protocol.errors import Overloaded, QueueFull
 from gateway.protocol.openai import parse_completion
 from gateway.protocol.request import Caller
 from routing import Routing
+from support import wait_until_async
 
 
 async def served_order(queue: FairQueue, arrivals: list[tuple[str | None, float, int]]) -> list:
@@ -113,9 +114,9 @@ async def test_router_serves_the_light_key_between_the_floods_requests(
         placement.lease.close()
 
     tasks = [asyncio.create_task(one(flood)) for _ in range(6)]
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 6, 5, "the flood queued", every=0.001)
     tasks.append(asyncio.create_task(one(light)))
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 7, 5, "the light one queued", every=0.001)
     assert r.queued("m") == 7
     busy.lease.close()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
@@ -128,12 +129,12 @@ async def test_a_keys_share_of_the_queue_is_capped_and_a_timeout_leaves_nothing(
     adm = admission(r)
     busy = await r.place(model, adm)
     waiting = [asyncio.create_task(r.place(model, adm, caller=Caller("flood"))) for _ in range(2)]
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 2, 5, "two of flood queued", every=0.001)
     with pytest.raises(QueueFull) as full:
         await r.place(model, adm, caller=Caller("flood"))
     assert full.value.status == 429 and full.value.reason == "queue_full"
     other = asyncio.create_task(r.place(model, adm, caller=Caller("other")))  # its own share
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 3, 5, "other queued", every=0.001)
     assert r.queued("m") == 3
     for task in [*waiting, other]:
         with pytest.raises(Overloaded):
@@ -151,7 +152,7 @@ async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
     adm = admission(r)
     busy = await r.place(model, adm)
     first = asyncio.create_task(r.place(model, adm, caller=Caller("a")))
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 1, 5, "a queued", every=0.001)
 
     async def close_and_send_again() -> object:
         busy.lease.close()  # wakes ``first``, which has not run yet...
@@ -159,7 +160,7 @@ async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
 
     newcomer = asyncio.create_task(close_and_send_again())
     placed = await asyncio.wait_for(first, 1)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a window in which the newcomer must not be placed
     assert not newcomer.done()
     placed.lease.close()
     (await asyncio.wait_for(newcomer, 1)).lease.close()
@@ -182,7 +183,7 @@ async def test_a_free_slot_no_waiter_can_use_is_taken_at_once() -> None:
     key = next(f"k{i}" for i in range(100) if rendezvous(pools, f"k{i}").name == "stable")
     busy = await r.place(model=r.models["m"], admission=adm, key=key)
     waiting = asyncio.create_task(r.place(r.models["m"], adm, key=key))
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: r.queued("m") == 1, 5, "the keyed request queued", every=0.001)
     assert r.queued("m") == 1
     other = await asyncio.wait_for(r.place(r.models["m"], adm), 0.05)  # no re-check wait
     assert other.replica.name == "c"

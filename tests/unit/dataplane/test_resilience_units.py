@@ -16,6 +16,7 @@ from gateway.protocol.errors import Api, NoReplicaAvailable, Overloaded
 from gateway.protocol.request import GenerationRequest
 from gateway.dataplane.retry_budget import RetryBudget
 from routing import Routing
+from support import wait_until_async
 
 
 class Clock:
@@ -105,7 +106,7 @@ async def test_router_queues_at_the_in_flight_limit_and_wakes_in_order() -> None
     second = await router.place(model, admission)
     assert {first.replica.name, second.replica.name} == {"r0", "r1"}
     waiting = [asyncio.create_task(router.place(model, admission)) for _ in range(2)]
-    await asyncio.sleep(0.01)
+    await wait_until_async(lambda: router.queued("m") == 2, 5, "two queued", every=0.001)
     assert router.queued("m") == 2 and not any(t.done() for t in waiting)
     with pytest.raises(Overloaded) as full:
         await router.place(model, admission)  # queue full: 429 at once

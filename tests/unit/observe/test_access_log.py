@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from gateway.observe.access_log import AccessLog, entry, trace_id_of
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
+from support import wait_until_async
 
 FIELDS = {"time", "request_id", "trace_id", "api", "route", "model", "pool", "replica", "engine",
           "key", "stream", "status", "error", "attempts", "retries", "queue_wait_s", "ttft_s",
@@ -88,7 +88,8 @@ async def test_lines_are_written_whole_after_the_interval_and_sampled(tmp_path: 
     for _ in range(3):
         outcomes.request_ended(served())
     assert not path.exists() or path.read_bytes() == b""  # in memory until the interval
-    await asyncio.sleep(0.2)
+    await wait_until_async(lambda: path.exists() and len(path.read_bytes().splitlines()) == 3,
+                           5, "the interval's flush")
     lines = path.read_bytes().splitlines()
     assert len(lines) == 3 and all(orjson.loads(line)["request_id"] == "req-7" for line in lines)
     log.close()
