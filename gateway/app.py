@@ -42,7 +42,7 @@ from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
-from gateway.dataplane.response_homes import Homes, ResponseHomes
+from gateway.fleet.response_homes import ResponseHomes
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
@@ -135,7 +135,8 @@ class Gateway:
         self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
                                   listeners.OutlierRecord(self.outlier),
                                   listeners.CanarySamples(self.samples),
-                                  listeners.OutputLengths(), Homes(self.response_homes),
+                                  listeners.OutputLengths(),
+                                  listeners.ResponseHomesRecord(self.response_homes),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -156,7 +157,7 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.relay = Relay(self.upstream, self.settings.timeouts, self.outcomes)
         self.attempts = Attempts(self.placer, self.relay, self.retry_budget,
-                                 self.settings.retries.max_attempts, self.metrics, self.shadows)
+                                 self.settings.retries.max_attempts, self.outcomes, self.shadows)
         self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
         self.fleet.probe = self._probe_new
         await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)

@@ -18,7 +18,8 @@ from gateway.api.client_sink import open_stream, send_whole
 from gateway.canary.split import MAX_POOL_CHARS, POOL_HEADER
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
-from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
+from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
+                                     GenerationRequest)
 
 if TYPE_CHECKING:
     from gateway.access.control import AccessControl
@@ -160,14 +161,17 @@ class GenerationEndpoint:
                 record.key = key.name
             body = await read_body(receive, gateway.settings.client_body_timeout)
             request = record.request = self.parse(body)
-            request.session, request.pool = headers.session, headers.pool
+            caller = key.caller if key is not None else None
+            context = (Context(headers.session, headers.pool, caller)
+                       if headers.session or headers.pool or caller else NO_CONTEXT)
             preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
-            if preparing is not None:                      # Response's replica
-                await preparing
-            model, admission = gateway.admitter.admit(request)
+            if preparing is None:                          # Response's replica, a long count
+                model, admission = gateway.admitter.admit(request, context)
+            else:
+                model, admission = gateway.admitter.admit(request, context, await preparing)
             record.model = model.name
             # The key's allowlist and limits; the grant is settled below, however it ends.
-            grant = await gateway.access.admit(key, request, model.name,
+            grant = await gateway.access.admit(key, model.name,
                                                admission.cost.prompt_tokens,
                                                admission.cost.output_tokens)
             record.admitted_at = time.perf_counter()
@@ -182,13 +186,13 @@ class GenerationEndpoint:
         try:
             async with watch:
                 try:
-                    reply = await gateway.attempts.serve(request, model, admission, record)
+                    reply = await gateway.attempts.serve(request, context, model, admission,
+                                                         record)
                 except GatewayError as error:
                     if error.reason in _GATEWAY_REASONS:
                         gateway.metrics.reject(model.name, request.api, error.reason)
-                        if request.caller is not None:
-                            gateway.metrics.key_rejected(request.caller.name, model.name,
-                                                         error.reason)
+                        if caller is not None:
+                            gateway.metrics.key_rejected(caller.name, model.name, error.reason)
                         record.error = error.reason
                     record.status = error.status_for(request.api)
                     await send_error(send, error, request.api, request_id, grant.headers)
@@ -214,8 +218,8 @@ class GenerationEndpoint:
                 record.status = record.status or 499
             usage = reply.usage if reply is not None else None
             grant.settle(usage)
-            if request.caller is not None:
-                gateway.metrics.key_done(request.caller.name, model.name, usage)
+            if caller is not None:
+                gateway.metrics.key_done(caller.name, model.name, usage)
 
     async def _reject(self, send: Send, error: GatewayError, record: RequestRecord) -> None:
         request = record.request

@@ -9,8 +9,8 @@ connection set-up never land inside the primary's time to first token. At most
 as is a copy whose pool has no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
 request, labelled ``role="shadow"``; it is never retried, and its failures neither eject
-nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
-count as the primary's rejections. Its stream is read to the end (usage counted) and its
+nor clear a replica's failures (the outlier listener is not told of a copy's attempts),
+nor count as the primary's rejections. Its stream is read to the end (usage counted) and its
 lease closed like any other. When a pair is compared (``gateway.canary.agreement``), both
 sides' texts are collected; ordinary requests pay nothing.
 """
@@ -18,18 +18,18 @@ sides' texts are collected; ordinary requests pay nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from gateway.canary.agreement import Agreement, Pair, TextCollector
+from gateway.dataplane.admission import Prepared
 from gateway.dataplane.outcome import RequestRecord
 from gateway.fleet.model import Pool, ServedModel
 from gateway.metrics import CanaryMetrics
 from gateway.protocol.errors import GatewayError, Overloaded
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.request import Context, GenerationRequest
 from gateway.protocol.responses import PATH as RESPONSES
 
 if TYPE_CHECKING:
@@ -69,9 +69,11 @@ class Shadows:
                     metrics.start_at_zero(name, pool.name)
 
     def start(self, request: GenerationRequest, model: ServedModel, pool: str,
-              primary_record: RequestRecord) -> TextCollector | None:
+              primary_record: RequestRecord,
+              prompt_counts: list[int] | None = None) -> TextCollector | None:
         """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
-        sample draws it). Returns the collector of the primary's text, to be fed and ended
+        sample draws it); ``prompt_counts``: the primary's exact counts, if taken (a copy
+        does not count again). Returns the collector of the primary's text, to be fed and ended
         with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
         if (request.shadow or request.pooling or request.path == RESPONSES
                 or model.name not in self.models):
@@ -90,16 +92,16 @@ class Shadows:
                 primary = _PrimaryText(request.api, self.agreement.max_chars)
             pair = self.agreement.pair(model.name, target.name, pool, request, primary)
             primary.pairs.append(pair)
-            copy = dataclasses.replace(request, shadow=True, pool=target.name)
+            copy = request._replace(shadow=True)
             self.in_flight += 1  # released in _run's finally, exactly once
-            task = asyncio.create_task(self._run(copy, pair, primary_record),
+            task = asyncio.create_task(self._run(copy, pair, primary_record, prompt_counts),
                                        name="canary-shadow")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return primary
 
-    async def _run(self, request: GenerationRequest, pair: Pair,
-                   primary: RequestRecord) -> None:
+    async def _run(self, request: GenerationRequest, pair: Pair, primary: RequestRecord,
+                   prompt_counts: list[int] | None) -> None:
         ok = False
         try:
             # Its own record (no client hears of it: no access log line); tracing links
@@ -107,7 +109,9 @@ class Shadows:
             record = RequestRecord(f"{primary.request_id}-shadow", primary.api, primary.route,
                                    time.perf_counter(), primary=primary, request=request)
             try:
-                model, admission = self.admitter.admit(request)
+                # Forced into its pool; no session, no key (see below).
+                model, admission = self.admitter.admit(request, Context(pool=pair.pool),
+                                                       Prepared(prompt_counts=prompt_counts))
                 # No session: the balancer would remember the shadow replica as the session's
                 # last one, and the session's next request would lose its replica affinity.
                 admission.cost.session = None

@@ -2,10 +2,14 @@
 
 An attempt is one try of a request on one replica, from its placement to its end: sent,
 first token, the end (completed, failed, timed out, cut by the client). The relay fills in
-an ``Attempt`` as it goes and tells the ``Outcomes`` three times at most, as it is sent, at
-its first token and at its end, never per event. Everything that learns from how requests
-went listens there, registered once at wiring: the request metrics, passive outlier
-detection, the canary's samples, the output-length estimate, tracing.
+an ``Attempt`` as it goes and tells the ``Outcomes``, never per event: as it is sent (only
+the listeners that add a header there: tracing), at its first token (a stream that got
+one), at its end (always, once), and, from the retry loop, when a retry follows it (only a
+failure before any byte reached the client: never after a first token). So a listener
+hears an attempt once to three times. Everything that learns from how requests went
+listens there, registered once at wiring: the request metrics (retries and queueing
+included), passive outlier detection, the canary's samples, the output-length estimate,
+where stored Responses live, tracing.
 
 A ``RequestRecord`` is one client request at the HTTP edge, from arrival to its answer,
 with its attempts (a retry is one more). The edge tells the listeners when it starts and
@@ -21,20 +25,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
+from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.dataplane.placement import Placement
     from gateway.fleet.replica import Replica
-
-# Why an attempt failed, when it did (``Attempt.error``). The replica's fault unless noted.
-CONNECT = "connect"          # no connection could be made: nothing reached the replica
-TRANSPORT = "transport"      # the connection broke before an answer
-TIMEOUT = "timeout"          # no answer (no first token) in time
-STREAM_BROKEN = "stream_broken"    # the stream ended early or broke after its first token
-STREAM_TIMEOUT = "stream_timeout"  # too long between tokens, or past the total budget
-BAD_RESPONSE = "bad_response"      # an answer that could not be translated
-HTTP_4XX = "http_4xx"        # the engine refused the request (or is busy: 429): not broken
-HTTP_5XX = "http_5xx"
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +45,8 @@ class Attempt:
     ended_at: float = 0.0
     status: int = 0         # what the client was answered (499: the client left)
     answered: bool = False  # the replica answered 2xx (a body, or a stream's start)
-    error: str | None = None  # why it failed (the kinds above), None when it did not
+    error: FailureKind | None = None  # why the replica failed it, None when it did not
+    retried: bool = False  # it failed before any byte reached the client; a retry followed
     usage: Usage = field(default_factory=Usage)
     trace: Any = None  # tracing's span of it (None: tracing off)
 
@@ -65,7 +61,7 @@ class Attempt:
     @property
     def replica_failed(self) -> bool:
         """The replica failed it (connect, transport, timeout, 5xx, a broken stream)."""
-        return self.error is not None and self.error != HTTP_4XX
+        return self.error is not None and self.error.replica_fault
 
     @property
     def replica_served(self) -> bool:
@@ -92,7 +88,7 @@ class Attempt:
             return None
         return seconds / (generated - 1), (generated - 1) / seconds
 
-    def end(self, status: int, error: str | None = None) -> None:
+    def end(self, status: int, error: FailureKind | None = None) -> None:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
 
 
@@ -133,7 +129,7 @@ class RequestRecord:
 
 class Listener:
     """Hears of attempts and of client requests: override what you need (each is called
-    at most once per attempt or request)."""
+    at most once per attempt or request; see the module's docstring for when)."""
 
     def sending(self, attempt: Attempt, record: "RequestRecord") -> tuple[bytes, bytes] | None:
         """The attempt of ``record`` is about to be sent: a header to send with it, if any.
@@ -146,6 +142,9 @@ class Listener:
 
     def ended(self, attempt: Attempt) -> None:
         pass
+
+    def retried(self, attempt: Attempt) -> None:
+        """``attempt`` has ended failed (``error``) and the request is tried again elsewhere."""
 
     def request_started(self, record: RequestRecord) -> None:
         pass
@@ -166,6 +165,7 @@ class Outcomes:
         self.listeners: tuple[Listener, ...] = tuple(listeners)
         self._first = _overriding(self.listeners, "first_token")
         self._attempt_ended = _overriding(self.listeners, "ended")
+        self._retried = _overriding(self.listeners, "retried")
         self._sending = _overriding(self.listeners, "sending")
         self._started = _overriding(self.listeners, "request_started")
         self._ended = _overriding(self.listeners, "request_ended")
@@ -187,6 +187,10 @@ class Outcomes:
     def ended(self, attempt: Attempt) -> None:
         for listener in self._attempt_ended:
             listener.ended(attempt)
+
+    def retried(self, attempt: Attempt) -> None:
+        for listener in self._retried:
+            listener.retried(attempt)
 
     def request_started(self, record: RequestRecord) -> None:
         for listener in self._started:

@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from gateway.config import AccessLogConfig
-from gateway.dataplane.outcome import CONNECT, Attempt, Outcomes, RequestRecord
+from gateway.upstream.failure import FailureKind
+from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
 from gateway.fleet.replica import Replica
 from gateway.observe.access_log import AccessLog, entry, trace_id_of
 from gateway.protocol.errors import Api
@@ -36,7 +37,7 @@ def served(traceparent: bytes | None = None) -> RequestRecord:
                       record.arrival)  # type: ignore[arg-type]
         record.attempts.append(one)
     failed, ok = record.attempts
-    failed.end(502, CONNECT)
+    failed.end(502, FailureKind.CONNECT)
     ok.answered, ok.first_at, ok.last_at = True, 10.5, 11.5
     ok.usage = Usage(20, 5, "length")
     ok.end(200)
