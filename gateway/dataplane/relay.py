@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from gateway.config import TimeoutsConfig
 from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
@@ -40,10 +41,12 @@ _DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate
 
 
 class Relay:
-    def __init__(self, pool: UpstreamPool, timeouts: TimeoutsConfig, outcomes: Outcomes) -> None:
+    def __init__(self, pool: UpstreamPool, timeouts: TimeoutsConfig, outcomes: Outcomes,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.pool = pool
         self.timeouts = timeouts
         self.outcomes = outcomes
+        self.clock = clock  # ``time.perf_counter``, as the edge's arrival times (tests: a fake)
 
     async def forward(self, request: GenerationRequest, placement: Placement,
                       record: RequestRecord) -> Reply:
@@ -67,7 +70,7 @@ class Relay:
             headers = ((b"content-type", b"application/json"),
                        (b"x-request-id", request_id.encode()),
                        (b"accept-encoding", b"identity"))
-            attempt.sent_at = time.perf_counter()
+            attempt.sent_at = self.clock()
             if self.outcomes.sends:  # tracing: the attempt's traceparent
                 headers += tuple(self.outcomes.sending(attempt, record))
             try:
@@ -151,7 +154,7 @@ class RelayedStream:
 
     __slots__ = ("relay", "attempt", "request", "lease", "response", "arrival", "reader",
                  "reply", "held", "backlog", "sink", "taps", "first_at", "last_at",
-                 "active_at", "ends_at", "status", "ended", "timeout", "_loop", "_timer",
+                 "active_at", "ends_at", "status", "ended", "timeout", "_now", "_loop", "_timer",
                  "_first", "_done", "_paused")
 
     def __init__(self, relay: Relay, attempt: Attempt, response: UpstreamResponse,
@@ -166,7 +169,8 @@ class RelayedStream:
         self.taps: tuple[Tap, ...] = ()  # the shared empty tuple, read per write
         self.first_at: float | None = None
         self.last_at: float | None = None  # the last token (perf_counter, as ``arrival``)
-        self.active_at = time.perf_counter()  # the last read, or the client draining
+        self._now = relay.clock
+        self.active_at = self._now()  # the last read, or the client draining
         self.ends_at = self.arrival + relay.timeouts.total
         self.status = 200
         self.ended = False
@@ -223,13 +227,13 @@ class RelayedStream:
             return
         out, events = self.reader.feed(data)
         if events:
-            self.last_at = self.active_at = now = time.perf_counter()
+            self.last_at = self.active_at = now = self._now()
             self.lease.generated(events)
             if self.first_at is None:
                 self._first_token(now, out)
                 return
         else:
-            self.active_at = time.perf_counter()
+            self.active_at = self._now()
             if self.first_at is None:
                 self.held += out  # sent with the first token: until then a retry is possible
                 return
@@ -287,13 +291,13 @@ class RelayedStream:
     def _resume(self) -> None:
         self._paused = False
         if not self.ended:
-            self.active_at = time.perf_counter()  # the wait was the client's
+            self.active_at = self._now()  # the wait was the client's
             self.response.resume_reading()
 
     def _on_timer(self) -> None:
         if self.ended:
             return
-        now = time.perf_counter()
+        now = self._now()
         left = self.timeout if self._paused else self._time_left(now)  # paused: the client's
         if left > 0:  # active since it was armed, or waiting for the client
             self._timer = self._loop.call_later(left, self._on_timer)
