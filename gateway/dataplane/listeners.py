@@ -4,7 +4,7 @@ part of the gateway keeps (``gateway.dataplane.outcome``)."""
 from __future__ import annotations
 
 from gateway.canary.samples import SampleBook
-from gateway.dataplane.outcome import Attempt, Listener
+from gateway.dataplane.outcome import Attempt, Listener, RequestRecord
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.response_homes import ResponseHomes
 from gateway.metrics import GatewayMetrics, status_class
@@ -12,7 +12,8 @@ from gateway.metrics import GatewayMetrics, status_class
 
 class RequestMetrics(Listener):
     """TTFT when the first token comes; a retry when one follows a failed attempt; the rest
-    (queueing, status, failure kind, latencies, tokens) when the attempt ends."""
+    (queueing, status, failure kind, latencies, tokens) when the attempt ends; the gateway's
+    refusals and each API key's requests when the client request ends."""
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
@@ -52,6 +53,17 @@ class RequestMetrics(Listener):
 
     def retried(self, attempt: Attempt) -> None:
         self.metrics.retry(attempt.replica, attempt.error)  # type: ignore[arg-type]
+
+    def request_ended(self, record: RequestRecord) -> None:
+        refusal, key = record.refusal, record.key
+        if refusal is not None:
+            self.metrics.reject(refusal.model, refusal.api, refusal.reason)
+            if key is not None:
+                self.metrics.key_rejected(key, refusal.model, refusal.reason)
+            elif refusal.reason == "unauthorized":
+                self.metrics.key_rejected("", refusal.model, refusal.reason)
+        if key is not None and record.admitted_at:  # admitted: its grant was settled
+            self.metrics.key_done(key, record.model, record.usage)  # type: ignore[arg-type]
 
 
 class OutlierRecord(Listener):

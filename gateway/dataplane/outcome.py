@@ -12,8 +12,10 @@ included), passive outlier detection, the canary's samples, the output-length es
 where stored Responses live, tracing.
 
 A ``RequestRecord`` is one client request at the HTTP edge, from arrival to its answer,
-with its attempts (a retry is one more). The edge tells the listeners when it starts and
-when it ends (the access log, tracing); with none registered that costs one check.
+with its attempts (a retry is one more), the gateway's own refusal if it answered one, and
+the answer's usage. The edge tells the listeners when it starts (the access log, tracing)
+and when it ends (those, and the request metrics: refusals, per-key counts); with none
+registered that costs one check.
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ class Attempt:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The gateway answered the request itself with an error: why (a fixed reason), and the
+    model and protocol its metrics count it under (only served names become labels)."""
+
+    reason: str
+    model: str
+    api: Api
+
+
 @dataclass(slots=True, eq=False)
 class RequestRecord:
     """One client request at the HTTP edge, from arrival to the end of its answer. Times are
@@ -112,6 +124,8 @@ class RequestRecord:
     attempts: list[Attempt] = field(default_factory=list)
     status: int = 0
     error: str | None = None  # the gateway's error reason, when it answered one itself
+    refusal: Refusal | None = None  # ... and how metrics count it (None: not refused)
+    usage: Usage | None = None  # the answer's, once it ended (None: it got no answer)
     client_left: bool = False
     ended_at: float = 0.0
     trace: Any = None  # tracing's span of it (None: tracing off)
@@ -158,8 +172,8 @@ def _overriding(listeners: tuple[Listener, ...], name: str) -> tuple[Listener, .
 
 
 class Outcomes:
-    """The listeners, told in the order registered. ``sends`` and ``requests`` are false
-    when nobody listens there, so the data path skips those calls with one check."""
+    """The listeners, told in the order registered. ``sends``, ``starts`` and ``ends`` are
+    false when nobody listens there, so the data path skips those calls with one check."""
 
     def __init__(self, listeners: Iterable[Listener] = ()) -> None:
         self.listeners: tuple[Listener, ...] = tuple(listeners)
@@ -170,7 +184,8 @@ class Outcomes:
         self._started = _overriding(self.listeners, "request_started")
         self._ended = _overriding(self.listeners, "request_ended")
         self.sends = bool(self._sending)
-        self.requests = bool(self._started or self._ended)
+        self.starts = bool(self._started)
+        self.ends = bool(self._ended)
 
     def sending(self, attempt: Attempt, record: RequestRecord) -> list[tuple[bytes, bytes]]:
         headers = []

@@ -85,7 +85,7 @@ async def test_lines_are_written_whole_after_the_interval_and_sampled(tmp_path: 
     path = tmp_path / "access.log"
     log = AccessLog(AccessLogConfig(enabled=True, path=str(path), flush_interval=0.05))
     outcomes = Outcomes([log])
-    assert outcomes.requests and not outcomes.sends
+    assert outcomes.ends and not outcomes.starts and not outcomes.sends
     for _ in range(3):
         outcomes.request_ended(served())
     assert not path.exists() or path.read_bytes() == b""  # in memory until the interval
