@@ -188,7 +188,6 @@ class GenerationEndpoint:
                                                          record)
                 except GatewayError as error:
                     if error.reason in _GATEWAY_REASONS:
-                        record.error = error.reason
                         record.refusal = Refusal(error.reason, model.name, request.api)
                     record.status = error.status_for(request.api)
                     await send_error(send, error, request.api, request_id, grant.headers)
@@ -221,7 +220,7 @@ class GenerationEndpoint:
         api = request.api if request is not None else error.api or self.api
         model_label = self._model_label(request.model if request else None, api)
         record.refusal = Refusal(error.reason, model_label, api)  # counted by the listeners
-        record.status, record.error = error.status_for(api), error.reason
+        record.status = error.status_for(api)
         await send_error(send, error, api, record.request_id)
 
     def _model_label(self, name: str | None, api: Api) -> str:

@@ -123,13 +123,17 @@ class RequestRecord:
     admitted_at: float = 0.0  # admission done (window check, key limits)
     attempts: list[Attempt] = field(default_factory=list)
     status: int = 0
-    error: str | None = None  # the gateway's error reason, when it answered one itself
-    refusal: Refusal | None = None  # ... and how metrics count it (None: not refused)
+    refusal: Refusal | None = None  # the gateway answered an error itself (None: it did not)
     usage: Usage | None = None  # the answer's, once it ended (None: it got no answer)
     client_left: bool = False
     ended_at: float = 0.0
     trace: Any = None  # tracing's span of it (None: tracing off)
     trace_id: str | None = None  # its trace's id (hex), when tracing started its span
+
+    @property
+    def error(self) -> str | None:
+        """The gateway's error reason, when it answered one itself."""
+        return self.refusal.reason if self.refusal is not None else None
 
     @property
     def last(self) -> Attempt | None:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import AccessLogConfig
 from gateway.upstream.failure import FailureKind
-from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
+from gateway.dataplane.outcome import Attempt, Outcomes, Refusal, RequestRecord
 from gateway.fleet.replica import Replica
 from gateway.observe.access_log import AccessLog, entry, trace_id_of
 from gateway.protocol.errors import Api
@@ -75,10 +75,10 @@ def test_a_bad_traceparent_gives_no_trace_id(bad: bytes) -> None:
 
 def test_a_refused_request_has_its_error_and_no_replica() -> None:
     record = RequestRecord("r", Api.OPENAI, "/v1/completions", 1.0, status=400,
-                           error="context_length_exceeded", ended_at=1.001)
+                           refusal=Refusal("context_length", "m", Api.OPENAI), ended_at=1.001)
     line = entry(record, 100.0, 1.001)
     assert line["replica"] is None and line["attempts"] == 0 and line["retries"] == 0
-    assert line["error"] == "context_length_exceeded" and line["status"] == 400
+    assert line["error"] == "context_length" and line["status"] == 400
 
 
 async def test_lines_are_written_whole_after_the_interval_and_sampled(tmp_path: Path) -> None:
