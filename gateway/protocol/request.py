@@ -19,7 +19,8 @@ MAX_JSON_DEPTH = 64
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who sent a request: an API key's name (the only part of a key that may become a metric
-    label) and its weight in fair sharing. Set by access control when keys are on."""
+    label) and its weight in fair sharing. Known once the key is authenticated (keys on),
+    carried in the edge's ``Context``."""
 
     name: str
     weight: float = 1.0
