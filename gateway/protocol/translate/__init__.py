@@ -164,7 +164,8 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
     if request.api is Api.TGI:
         if engine == "tgi":
             return None
-        return tgi_request.refusal(_tgi_parameters(request, parsed), engine, request.stream, has_tokenizer)
+        return tgi_request.refusal(_tgi_parameters(request, parsed), engine, request.stream,
+                                   has_tokenizer)
     if engine != "tgi":
         return None
     if request.is_chat:

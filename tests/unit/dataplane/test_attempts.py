@@ -68,9 +68,10 @@ class Setup:
         self.metrics = GatewayMetrics()
         self.retries = Retries()
         outcomes = Outcomes([RequestMetrics(self.metrics), self.retries])
-        self.attempts = Attempts(self.routing.placer, ScriptedRelay(script, outcomes),  # type: ignore[arg-type]
+        relay, shadows = ScriptedRelay(script, outcomes), SimpleNamespace(models=set())
+        self.attempts = Attempts(self.routing.placer, relay,  # type: ignore[arg-type]
                                  budget or RetryBudget(1.0, 10.0), max_attempts, outcomes,
-                                 SimpleNamespace(models=set()))  # type: ignore[arg-type]
+                                 shadows)  # type: ignore[arg-type]
         self.record = RequestRecord("id", Api.OPENAI, "/v1/completions", time.perf_counter())
 
     async def serve(self) -> Reply:
@@ -88,7 +89,7 @@ def unavailable(kind: FailureKind) -> UpstreamUnavailable:
     return UpstreamUnavailable("replica failed", kind)
 
 
-async def test_a_retryable_failure_is_tried_on_another_replica_and_counted_by_the_listener() -> None:
+async def test_a_retryable_failure_is_retried_elsewhere_and_counted_by_the_listener() -> None:
     s = Setup([unavailable(FailureKind.CONNECT), None])
     reply = await s.serve()
     assert reply.status == 200

@@ -96,7 +96,8 @@ class Setup:
     def __init__(self) -> None:
         self.clock = Clock()
         self.heard = Heard()
-        self.relay = Relay(None, TIMEOUTS, Outcomes([self.heard]), self.clock)  # type: ignore[arg-type]
+        self.relay = Relay(None, TIMEOUTS, Outcomes([self.heard]),  # type: ignore[arg-type]
+                           self.clock)
         self.ledger = InProcessLedger()
         replica = Replica("r0", "http://127.0.0.1:1", "vllm", "m", "default")
         self.lease = self.ledger.lease("r0", 10, 100)
@@ -106,8 +107,9 @@ class Setup:
         self.attempt = Attempt(request, placement, self.clock.now)  # type: ignore[arg-type]
         self.response = Response()
         self.reply = Reply(200, [])
-        self.stream = RelayedStream(self.relay, self.attempt, self.response,  # type: ignore[arg-type]
-                                    PassThrough(request).reader(), self.reply)
+        reader = PassThrough(request).reader()
+        self.stream = RelayedStream(self.relay, self.attempt,
+                                    self.response, reader, self.reply)  # type: ignore[arg-type]
         self.sink = Sink()
 
     def fire_timer(self) -> None:
