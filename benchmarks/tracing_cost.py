@@ -79,7 +79,7 @@ def _one_request(outcomes: Any, placement: Any) -> None:
     and the relay tell them."""
     t = time.perf_counter()
     record = RequestRecord(os.urandom(16).hex(), Api.OPENAI, "/v1/completions", t)
-    if outcomes.requests:
+    if outcomes.starts:
         outcomes.request_started(record)
     record.request = GenerationRequest(api=Api.OPENAI, path="/v1/completions", body={},
                                        raw=b"{}", model="m", stream=True, max_tokens=16)
@@ -95,7 +95,7 @@ def _one_request(outcomes: Any, placement: Any) -> None:
     attempt.end(200)
     outcomes.ended(attempt)
     record.status, record.ended_at = 200, t + 0.11
-    if outcomes.requests:
+    if outcomes.ends:
         outcomes.request_ended(record)
 
 

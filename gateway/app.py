@@ -38,13 +38,13 @@ from gateway.balance.pool_split import PoolSplit
 from gateway.canary.weights import PoolWeights
 from gateway.config import Settings, load_settings
 from gateway.dataplane import listeners
-from gateway.dataplane.admission import Admitter
+from gateway.dataplane.admission import Admitter, Prepared
 from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
-from gateway.dataplane.response_homes import Homes, ResponseHomes
+from gateway.fleet.response_homes import ResponseHomes
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
@@ -61,7 +61,7 @@ from gateway.protocol import openai as openai_protocol
 from gateway.protocol import pooling, responses
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api, GatewayError
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.request import Context, GenerationRequest
 from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync
 from gateway.upstream import UpstreamPool
@@ -138,7 +138,8 @@ class Gateway:
         self.outcomes = Outcomes([listeners.RequestMetrics(self.metrics),
                                   listeners.OutlierRecord(self.outlier),
                                   listeners.CanarySamples(self.samples),
-                                  listeners.OutputLengths(), Homes(self.response_homes),
+                                  listeners.OutputLengths(),
+                                  listeners.ResponseHomesRecord(self.response_homes),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -159,7 +160,7 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.relay = Relay(self.upstream, self.settings.timeouts, self.outcomes)
         self.attempts = Attempts(self.placer, self.relay, self.retry_budget,
-                                 self.settings.retries.max_attempts, self.metrics, self.shadows)
+                                 self.settings.retries.max_attempts, self.outcomes, self.shadows)
         self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
         self.fleet.probe = self._probe_new
         await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)
@@ -202,11 +203,14 @@ class Gateway:
                      replica.engine, replica.pool, replica.model, replica.max_model_len,
                      "healthy" if replica.healthy else "UNHEALTHY")
 
-    async def _serve_copy(self, request: GenerationRequest, record: RequestRecord) -> Reply:
-        """A shadow copy's way (the Shadows' one callable): admitted and placed as any request,
-        then relayed (by the relay the gateway started)."""
+    async def _serve_copy(self, request: GenerationRequest, pool: str,
+                          prompt_counts: list[int] | None, record: RequestRecord) -> Reply:
+        """A shadow copy's way (the Shadows' one callable): admitted to ``pool`` and placed
+        as any request (no key: the primary's settled), then relayed (by the relay the
+        gateway started)."""
         try:
-            model, admission = self.admitter.admit(request)
+            model, admission = self.admitter.admit(request, Context(pool=pool),
+                                                   Prepared(prompt_counts=prompt_counts))
             # No session: the balancer would remember the shadow replica as the session's
             # last one, and the session's next request would lose its replica affinity.
             admission.cost.session = None

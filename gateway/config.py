@@ -286,7 +286,7 @@ class CanaryConfig(_Strict):
 
 
 class ResponsesConfig(_Strict):
-    """The Responses API: where each stored response lives (gateway/dataplane/
+    """The Responses API: where each stored response lives (gateway/fleet/
     response_homes.py)."""
 
     remembered: int = Field(100_000, ge=1, description="stored responses whose replica this "

@@ -40,6 +40,7 @@ from gateway.balance.ledger import LoadLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.usage import Usage
+from gateway.upstream.failure import RETRY_KINDS, UPSTREAM_ERROR_KINDS, FailureKind
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds; how stale a per-replica gauge may be under --workers N
@@ -62,15 +63,12 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
 # set: /v1/completions, /v1/embeddings, /generate ...).
 REPLICA_LABELS = ("model", "pool", "replica", "engine", "api", "role", "base", "route")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
-RETRY_KINDS = ("connect", "transport", "http_429", "http_5xx")  # nothing reached the client yet
 # Started at 0 (with the label values from configuration); see the module docstring.
 REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
                      "overloaded", "queue_full", "draining", "unauthorized", "forbidden",
                      "rate_limited")
 # Why an API key's request was refused (per key; unauthorized has no key: key="").
 KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded")
-UPSTREAM_ERROR_KINDS = ("connect", "transport", "timeout", "http_4xx", "http_5xx",
-                        "stream_timeout", "stream_broken")
 
 
 def status_class(status: int) -> str:
@@ -78,7 +76,7 @@ def status_class(status: int) -> str:
 
 
 @dataclass(slots=True)
-class RequestMetrics:
+class ReplicaMeters:
     """The metric children of one (replica, api), bound once."""
 
     ttft: object
@@ -239,7 +237,7 @@ class GatewayMetrics:
                                         "Time an API key's requests waited in the gateway's "
                                         "queue for a free replica slot.", ("key", "model"),
                                         buckets=LATENCY_BUCKETS, registry=r)
-        self._bound: dict[tuple[str, Api, str, str, str], RequestMetrics] = {}
+        self._bound: dict[tuple[str, Api, str, str, str], ReplicaMeters] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
         self._replica_snapshot: list[Sample] = []  # taken on the event loop for each scrape
@@ -253,7 +251,7 @@ class GatewayMetrics:
             self._exposed = self.registry
 
     def for_replica(self, replica: Replica, api: Api, role: str = "primary",
-                    name: str = "", route: str = "") -> RequestMetrics:
+                    name: str = "", route: str = "") -> ReplicaMeters:
         """``name``: the model name the request asked for (default: the replica's base);
         ``route``: the route it came in on."""
         key = (replica.name, api, role, name, route)
@@ -261,7 +259,7 @@ class GatewayMetrics:
         if bound is None:
             labels = (name or replica.model, replica.pool, replica.name, replica.engine,
                       api.value, role, replica.model, route)
-            bound = self._bound[key] = RequestMetrics(
+            bound = self._bound[key] = ReplicaMeters(
                 ttft=self.ttft.labels(*labels), itl=self.itl.labels(*labels),
                 e2e=self.e2e.labels(*labels),
                 tokens_per_second=self.tokens_per_second.labels(*labels),
@@ -274,14 +272,14 @@ class GatewayMetrics:
     def reject(self, model: str, api: Api, reason: str) -> None:
         self.rejections.labels(model, api.value, reason).inc()
 
-    def upstream_error(self, replica: Replica, kind: str) -> None:
+    def upstream_error(self, replica: Replica, kind: FailureKind) -> None:
         self.upstream_errors.labels(replica.model, replica.pool, replica.name, replica.engine,
-                                    kind).inc()
+                                    kind.label).inc()
 
-    def retry(self, replica: Replica, kind: str) -> None:
-        """A request failed on ``replica`` (kind in RETRY_KINDS) and is sent again elsewhere."""
+    def retry(self, replica: Replica, kind: FailureKind) -> None:
+        """A request failed on ``replica`` (a ``retryable`` kind) and is sent again elsewhere."""
         self.retries.labels(replica.model, replica.pool, replica.name, replica.engine,
-                            kind).inc()
+                            kind.retry_label).inc()
 
     def queued(self, model: str, api: Api, seconds: float) -> None:
         """A request waited ``seconds`` in the gateway's queue for a free replica slot."""
@@ -416,11 +414,11 @@ class NullMetrics:
     multiprocess = False
 
     def __init__(self) -> None:
-        self._null = RequestMetrics(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
-                                    {c: _NULL for c in STATUS_CLASSES})
+        self._null = ReplicaMeters(_NULL, _NULL, _NULL, _NULL, _NULL, _NULL, _NULL,
+                                   {c: _NULL for c in STATUS_CLASSES})
 
     def for_replica(self, replica: Replica, api: Api, role: str = "primary",
-                    name: str = "", route: str = "") -> RequestMetrics:
+                    name: str = "", route: str = "") -> ReplicaMeters:
         return self._null
 
     def exposition(self) -> bytes:

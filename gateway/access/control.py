@@ -25,7 +25,6 @@ from gateway.config import AuthConfig, KeyLimits, Settings
 from gateway.metrics import AccessMetrics, GatewayMetrics
 from gateway.shared.redis_keys import SharedKeys
 from gateway.balance.redis_ledger import instance_id
-from gateway.protocol.request import GenerationRequest
 from gateway.shared.sync import connect
 from gateway.protocol.usage import Usage
 
@@ -161,15 +160,14 @@ class AccessControl:
             raise InvalidApiKey(given=authorization is not None)
         return key
 
-    async def admit(self, key: ApiKey | None, request: GenerationRequest, model: str,
-                    prompt_tokens: int, output_tokens: int) -> Grant:
+    async def admit(self, key: ApiKey | None, model: str, prompt_tokens: int,
+                    output_tokens: int) -> Grant:
         """Allowlist, then limits: reserve 1 request and prompt + output tokens (else
-        RateLimited). Sets ``request.caller`` for fair queueing and per-key metrics."""
+        RateLimited)."""
         if key is None:
             return OPEN
         if not key.allows(model):
             raise ModelNotAllowed(key.name, model)
-        request.caller = key.caller
         if not key.limited:
             return OPEN
         tokens = prompt_tokens + output_tokens

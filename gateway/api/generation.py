@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
 from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
-from gateway.dataplane.outcome import Outcomes, RequestRecord
+from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
-from gateway.protocol.request import MAX_SESSION_CHARS, SESSION_HEADER, GenerationRequest
+from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
+                                     GenerationRequest)
 
 if TYPE_CHECKING:
     from gateway.access.control import AccessControl
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from gateway.dataplane.admission import Admitter
     from gateway.dataplane.attempts import Attempts
     from gateway.dataplane.reply import Reply
-    from gateway.metrics import GatewayMetrics
 
 
 class Serving(Protocol):
@@ -36,7 +36,6 @@ class Serving(Protocol):
     admitter: "Admitter"
     access: "AccessControl"
     attempts: "Attempts"
-    metrics: "GatewayMetrics"
     outcomes: Outcomes
     draining: bool
     active_requests: int
@@ -132,7 +131,7 @@ class GenerationEndpoint:
         except HeadersTooLarge as error:
             headers, record = error, RequestRecord(new_request_id(), self.api, self.route,
                                                    arrival)
-        if outcomes.requests:  # the access log, tracing
+        if outcomes.starts:  # the access log, tracing
             outcomes.request_started(record)
         gateway.active_requests += 1
         try:
@@ -142,7 +141,7 @@ class GenerationEndpoint:
                 await self._serve(record, headers, receive, send)
         finally:
             gateway.active_requests -= 1
-            if outcomes.requests:
+            if outcomes.ends:  # those, and the request metrics
                 record.ended_at = time.perf_counter()
                 outcomes.request_ended(record)
 
@@ -160,14 +159,17 @@ class GenerationEndpoint:
                 record.key = key.name
             body = await read_body(receive, gateway.settings.client_body_timeout)
             request = record.request = self.parse(body)
-            request.session, request.pool = headers.session, headers.pool
+            caller = key.caller if key is not None else None
+            context = (Context(headers.session, headers.pool, caller)
+                       if headers.session or headers.pool or caller else NO_CONTEXT)
             preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
-            if preparing is not None:                      # Response's replica
-                await preparing
-            model, admission = gateway.admitter.admit(request)
+            if preparing is None:                          # Response's replica, a long count
+                model, admission = gateway.admitter.admit(request, context)
+            else:
+                model, admission = gateway.admitter.admit(request, context, await preparing)
             record.model = model.name
             # The key's allowlist and limits; the grant is settled below, however it ends.
-            grant = await gateway.access.admit(key, request, model.name,
+            grant = await gateway.access.admit(key, model.name,
                                                admission.cost.prompt_tokens,
                                                admission.cost.output_tokens)
             record.admitted_at = time.perf_counter()
@@ -182,14 +184,11 @@ class GenerationEndpoint:
         try:
             async with watch:
                 try:
-                    reply = await gateway.attempts.serve(request, model, admission, record)
+                    reply = await gateway.attempts.serve(request, context, model, admission,
+                                                         record)
                 except GatewayError as error:
                     if error.reason in _GATEWAY_REASONS:
-                        gateway.metrics.reject(model.name, request.api, error.reason)
-                        if request.caller is not None:
-                            gateway.metrics.key_rejected(request.caller.name, model.name,
-                                                         error.reason)
-                        record.error = error.reason
+                        record.refusal = Refusal(error.reason, model.name, request.api)
                     record.status = error.status_for(request.api)
                     await send_error(send, error, request.api, request_id, grant.headers)
                     return
@@ -212,23 +211,16 @@ class GenerationEndpoint:
             if watch.gone.is_set():
                 record.client_left = True
                 record.status = record.status or 499
-            usage = reply.usage if reply is not None else None
+            record.usage = usage = reply.usage if reply is not None else None
             grant.settle(usage)
-            if request.caller is not None:
-                gateway.metrics.key_done(request.caller.name, model.name, usage)
 
     async def _reject(self, send: Send, error: GatewayError, record: RequestRecord) -> None:
         request = record.request
         # The client's protocol: the route's, unless its body said otherwise (/tokenize).
         api = request.api if request is not None else error.api or self.api
         model_label = self._model_label(request.model if request else None, api)
-        metrics = self.gateway.metrics
-        metrics.reject(model_label, api, error.reason)
-        if record.key is not None:
-            metrics.key_rejected(record.key, model_label, error.reason)
-        elif error.reason == "unauthorized":
-            metrics.key_rejected("", model_label, error.reason)
-        record.status, record.error = error.status_for(api), error.reason
+        record.refusal = Refusal(error.reason, model_label, api)  # counted by the listeners
+        record.status = error.status_for(api)
         await send_error(send, error, api, record.request_id)
 
     def _model_label(self, name: str | None, api: Api) -> str:

@@ -1,5 +1,5 @@
 """``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: sent to the replica
-that stored the response (gateway/dataplane/response_homes.py), its answer returned as it
+that stored the response (gateway/fleet/response_homes.py), its answer returned as it
 came. Unknown, or its replica gone: 404 in OpenAI's shape, never another replica's answer.
 Reading a stored response runs no model: it takes no place in the ledger."""
 

@@ -27,7 +27,7 @@ from typing import Sequence
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import InvalidRequest
-from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
+from gateway.protocol.request import MAX_SESSION_CHARS, Context, GenerationRequest
 
 POOL_HEADER = b"x-gateway-pool"
 MAX_POOL_CHARS = 200
@@ -45,15 +45,15 @@ class UnknownPool(InvalidRequest):
         return 400
 
 
-def sticky_key(request: GenerationRequest) -> str | None:
+def sticky_key(request: GenerationRequest, context: Context) -> str | None:
     """The key that keeps a client in one pool: session, else OpenAI ``user``, else API key."""
-    if request.session:
-        return request.session
+    if context.session:
+        return context.session
     user = request.body.get("user")
     if isinstance(user, str) and 0 < len(user) <= MAX_SESSION_CHARS:
         return user
-    if request.caller is not None:
-        return request.caller.name
+    if context.caller is not None:
+        return context.caller.name
     return None
 
 
@@ -86,11 +86,11 @@ class PoolSplit:
         self.allow_header = allow_header
         self.rng = rng or random.Random()
 
-    def candidates(self, model: ServedModel, request: GenerationRequest,
+    def candidates(self, model: ServedModel, request: GenerationRequest, context: Context,
                    replicas: list[Replica]) -> list[Replica]:
         """The replicas a request may go to: its forced pool's, else those of the pools that
         take primary traffic (raises UnknownPool)."""
-        forced = request.pool if self.allow_header or request.shadow else None
+        forced = context.pool if self.allow_header or request.shadow else None
         if forced is not None:
             pool = next((p for p in model.pools if p.name == forced), None)
             if pool is None:

@@ -10,9 +10,10 @@ connection set-up never land inside the primary's time to first token. At most
 no free slot (copies never wait in the clients' queue).
 A copy goes through the same admission, balancing (inside its pool) and metering as any
 request, labelled ``role="shadow"``: one callable built at wiring (``ServeCopy``) does that,
-so this module knows nothing of the admitter, the placer or the relay. It is never retried, and its failures neither eject
-nor mark down a replica (the relay skips outlier accounting for ``request.shadow``), nor
-count as the primary's rejections. Its stream is read to the end (usage counted) and its
+so this module knows nothing of the admitter, the placer or the relay. It is never retried,
+and its failures neither eject nor clear a replica's failures (the outlier listener is not
+told of a copy's attempts), nor count as the primary's rejections. Its stream is read to the
+end (usage counted) and its
 lease closed like any other. When a pair is compared (``gateway.canary.agreement``), both
 sides' texts are collected; ordinary requests pay nothing.
 """
@@ -20,7 +21,6 @@ sides' texts are collected; ordinary requests pay nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import time
@@ -52,10 +52,12 @@ class NotSent(Exception):
         return "no_slot" if isinstance(self.error, Overloaded) else "rejected"
 
 
-# Serves one copy (already marked ``shadow`` and aimed at its pool) with its own record:
-# admitted, placed without queueing and relayed. Raises NotSent when it could not be
-# placed; any other GatewayError is the copy's failure once sent.
-ServeCopy = Callable[[GenerationRequest, RequestRecord], Awaitable["Reply"]]
+# Serves one copy (already marked ``shadow``) in its pool, with the primary's prompt counts
+# (None: not taken) and its own record: admitted, placed without queueing and relayed.
+# Raises NotSent when it could not be placed; any other GatewayError is the copy's failure
+# once sent.
+ServeCopy = Callable[[GenerationRequest, str, "list[int] | None", RequestRecord],
+                     Awaitable["Reply"]]
 
 
 def shadow_pools(model: ServedModel, pool: str) -> list[Pool]:
@@ -83,9 +85,11 @@ class Shadows:
                     metrics.start_at_zero(name, pool.name)
 
     def start(self, request: GenerationRequest, model: ServedModel, pool: str,
-              primary_record: RequestRecord) -> TextCollector | None:
+              primary_record: RequestRecord,
+              prompt_counts: list[int] | None = None) -> TextCollector | None:
         """Copy a primary request just placed in ``pool`` to that pool's shadows (those whose
-        sample draws it). Returns the collector of the primary's text, to be fed and ended
+        sample draws it); ``prompt_counts``: the primary's exact counts, if taken (a copy
+        does not count again). Returns the collector of the primary's text, to be fed and ended
         with ``tap``/``primary_body``/``primary_failed``, or None when nothing was copied."""
         if (request.shadow or request.pooling or request.path == RESPONSES
                 or model.name not in self.models):
@@ -104,16 +108,16 @@ class Shadows:
                 primary = _PrimaryText(request.api, self.agreement.max_chars)
             pair = self.agreement.pair(model.name, target.name, pool, request, primary)
             primary.pairs.append(pair)
-            copy = dataclasses.replace(request, shadow=True, pool=target.name)
+            copy = request._replace(shadow=True)
             self.in_flight += 1  # released in _run's finally, exactly once
-            task = asyncio.create_task(self._run(copy, pair, primary_record),
+            task = asyncio.create_task(self._run(copy, pair, primary_record, prompt_counts),
                                        name="canary-shadow")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return primary
 
-    async def _run(self, request: GenerationRequest, pair: Pair,
-                   primary: RequestRecord) -> None:
+    async def _run(self, request: GenerationRequest, pair: Pair, primary: RequestRecord,
+                   prompt_counts: list[int] | None) -> None:
         ok = False
         try:
             # Its own record (no client hears of it: no access log line); tracing links
@@ -121,7 +125,7 @@ class Shadows:
             record = RequestRecord(f"{primary.request_id}-shadow", primary.api, primary.route,
                                    time.perf_counter(), primary=primary, request=request)
             try:
-                reply = await self.serve_copy(request, record)
+                reply = await self.serve_copy(request, pair.pool, prompt_counts, record)
             except NotSent as refused:
                 pair.skip(refused.reason)
                 log.debug("shadow copy to %s not sent: %s", pair.pool, refused)

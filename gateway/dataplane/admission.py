@@ -23,15 +23,15 @@ from typing import Any, Awaitable
 from gateway.balance.policy import RequestCost
 from gateway.balance.prefix_index import prompt_blocks, token_blocks
 from gateway.balance.pool_split import PoolSplit
-from gateway.dataplane.response_homes import ResponseHomes
 from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.response_homes import ResponseHomes
 from gateway.fleet.served_names import ServedNames
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
-from gateway.protocol.request import MAX_SESSION_CHARS, GenerationRequest
+from gateway.protocol.request import MAX_SESSION_CHARS, NO_CONTEXT, Context, GenerationRequest
 from gateway.protocol.responses import ResponseNotFound
-from gateway.protocol.translate import servable
+from gateway.protocol.translate import TranslationPlan, servable
 from gateway.tokens import ChatTemplateError, ModelTokenizer, flatten_content
 
 ESTIMATED_BYTES_PER_TOKEN = 4
@@ -42,13 +42,31 @@ ESTIMATED_BYTES_PER_TOKEN = 4
 COUNT_OFF_LOOP_BYTES = 16 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What admission learned before it could admit (``Admitter.prepare``)."""
+
+    pinned: str | None = None  # the one replica that may serve it (where its Response lives)
+    prompt_counts: list[int] | None = None  # its prompts' exact token counts, when taken
+
+
 @dataclass(slots=True)
 class Admission:
+    """What admission decided: the cost, the replicas that may serve it, and what the
+    engine's body must say that the client's did not (``output_cap``)."""
+
     cost: RequestCost
     replicas: list[Replica]  # the candidates whose window holds the request
     prompt_tokens_exact: bool
     name: str = ""  # the model name served (the client's, or the default model's)
     adapter: str | None = None  # ``name`` when it is a LoRA adapter (a replica lists a parent)
+    output_cap: int | None = None  # max output tokens lowered to fit (output_past_window: cap)
+    prompt_counts: list[int] | None = None  # the prompts' exact token counts, when taken
+    pinned: str | None = None  # the one replica that may serve it (a stored Response's)
+    plan: TranslationPlan | None = None  # what translation parsed of it (TGI requests)
+
+
+NOT_PREPARED = Prepared()  # what a request with nothing to prepare brings (no allocation)
 
 
 @dataclass(slots=True)
@@ -107,7 +125,7 @@ def _prompts(request: GenerationRequest, tokenizer: ModelTokenizer | None) -> li
     return [_Prompt(p, add_special) if isinstance(p, str) else _Prompt(ids=p) for p in prompt]
 
 
-def _affinity(request: GenerationRequest,
+def _affinity(request: GenerationRequest, context: Context,
               prompts: list[_Prompt]) -> tuple[tuple[int, ...], str | None]:
     """What prefix-aware balancing needs: the prompt's hashed prefix blocks (one prompt
     only) and the client's session (``x-session-id``, else OpenAI's ``user``)."""
@@ -116,7 +134,7 @@ def _affinity(request: GenerationRequest,
         prompt = prompts[0]
         blocks = (token_blocks(prompt.ids) if prompt.ids is not None
                   else prompt_blocks(prompt.text or ""))
-    session = request.session or request.body.get("user")
+    session = context.session or request.body.get("user")
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_CHARS:
         session = None
     return blocks, session
@@ -145,29 +163,29 @@ def _bound_fits(model: ServedModel, tokenizer: ModelTokenizer, prompts: list[_Pr
     return all(_fits(model, r, bound, max_tokens) for r in replicas)
 
 
-def _capped(model: ServedModel, request: GenerationRequest, candidates: list[Replica],
+def _capped(model: ServedModel, candidates: list[Replica],
             prompt_tokens: int) -> tuple[list[Replica], int | None]:
     """``output_past_window: cap``: the replicas with the most room after the prompt, and
-    the request's max_tokens lowered to that room (none when the prompt alone is too long)."""
+    that room, the output cap (None when the prompt alone is too long)."""
     room = {id(r): model.window(r) - prompt_tokens for r in candidates  # type: ignore[operator]
             if model.window(r) is not None and _fits(model, r, prompt_tokens, None)}
     if not room:
-        return [], request.max_tokens
+        return [], None
     most = max(room.values())
-    request.cap_output(most)
     return [r for r in candidates if room.get(id(r)) == most], most
 
 
-def admit(model: ServedModel, request: GenerationRequest,
-          candidates: list[Replica]) -> Admission:
-    """Check the window against ``candidates``; raise ContextLengthExceeded when none fits."""
+def admit(model: ServedModel, request: GenerationRequest, candidates: list[Replica],
+          context: Context = NO_CONTEXT, counts: list[int] | None = None) -> Admission:
+    """Check the window against ``candidates``; raise ContextLengthExceeded when none fits.
+    ``counts``: the prompts' exact token counts, if already taken."""
     tokenizer = model.tokenizer
     prompts = _prompts(request, tokenizer)
     max_tokens = request.max_tokens
     fanout = request.choices * len(prompts)
     # A pooling request (max_tokens 0) costs its input alone.
     output_tokens = (max_tokens if max_tokens is not None else model.default_output_tokens) * fanout
-    affinity = _affinity(request, prompts)
+    affinity = _affinity(request, context, prompts)
 
     if tokenizer is None:
         estimate = sum(p.estimate() for p in prompts)
@@ -180,7 +198,6 @@ def admit(model: ServedModel, request: GenerationRequest,
             return Admission(cost, fitting, False)
         return Admission(cost, candidates, False)
 
-    counts = request.prompt_counts
     if counts is None:
         if _bound_fits(model, tokenizer, prompts, candidates, max_tokens):
             return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens,
@@ -188,14 +205,18 @@ def admit(model: ServedModel, request: GenerationRequest,
         counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
+    cap = None
     if not fitting and model.cap_output and max_tokens:
-        fitting, max_tokens = _capped(model, request, candidates, longest)
-        output_tokens = max_tokens * fanout
+        fitting, cap = _capped(model, candidates, longest)
+        if cap is not None:
+            max_tokens = cap
+            output_tokens = cap * fanout
     if not fitting:
         windows = [w for w in (model.window(r) for r in candidates) if w is not None]
         limit = max(windows) if windows else longest
         raise ContextLengthExceeded(limit, longest, max_tokens, request.api, request.is_chat)
-    return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True)
+    return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True,
+                     output_cap=cap, prompt_counts=counts)
 
 
 def exact_counts(model: ServedModel, serving: list[Replica],
@@ -225,7 +246,7 @@ class Admitter:
         self.loadable = frozenset(n for m in models.values() for n in m.load_adapters)
         self.homes = homes  # where stored Responses live
 
-    def prepare(self, request: GenerationRequest) -> Awaitable[None] | None:
+    def prepare(self, request: GenerationRequest) -> Awaitable[Prepared] | None:
         """What admission must know first and may have to wait for, to be awaited before
         ``admit``: an adapter to load at run time, the replica that stored the Response the
         request continues, or a long prompt's token count (taken in a worker thread). None
@@ -235,20 +256,20 @@ class Admitter:
             return None
         return self._prepare(request)
 
-    async def _prepare(self, request: GenerationRequest) -> None:
+    async def _prepare(self, request: GenerationRequest) -> Prepared:
         if self.adapters is not None and request.model in self.loadable:
             await self.adapters.ensure(*self.resolve(request.model, request.api))
+        pinned = counts = None
         previous = request.previous_response_id
         if previous is not None:  # pinned where it lives (raises when that is unknown)
-            home = await self.homes.home(previous) if self.homes is not None else None
-            if home is None:
+            pinned = await self.homes.home(previous) if self.homes is not None else None
+            if pinned is None:
                 raise ResponseNotFound(previous)
-            request.pinned = home
         if len(request.raw) >= COUNT_OFF_LOOP_BYTES:  # after the adapter: its name resolves
             model, name = self.resolve(request.model, request.api)
             serving = list(model.replicas_for(name))  # read on the loop, which changes it
-            request.prompt_counts = await asyncio.to_thread(exact_counts, model, serving,
-                                                            request)
+            counts = await asyncio.to_thread(exact_counts, model, serving, request)
+        return Prepared(pinned, counts)
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The model serving ``name`` (see ``resolve``)."""
@@ -269,22 +290,28 @@ class Admitter:
             raise ModelNotFound("(none given; several models are served, name one)")
         return self.models[default], default
 
-    def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
-        """The request's model, cost and the replicas whose window it fits (else raise)."""
+    def admit(self, request: GenerationRequest, context: Context = NO_CONTEXT,
+              prepared: Prepared = NOT_PREPARED) -> tuple[ServedModel, Admission]:
+        """The request's model, cost and the replicas whose window it fits (else raise).
+        ``prepared``: what ``prepare`` returned, if it returned something to await."""
         model, name = self.resolve(request.model, request.api)
         # Only the replicas serving the name (an adapter lives on some replicas only).
         serving = model.replicas_for(name)
         if not serving:
             raise ModelNotFound(name)  # an adapter no replica serves (any longer)
-        if request.pinned is not None:  # a stored Response's replica, or nothing
-            serving = [r for r in serving if r.name == request.pinned]
+        pinned = prepared.pinned
+        if pinned is not None:  # a stored Response's replica, or nothing
+            serving = [r for r in serving if r.name == pinned]
             if not serving:
                 raise ResponseNotFound(request.previous_response_id or "")
+        # TGI parameters are parsed once, for every replica and attempt (translation's).
+        parsed = TranslationPlan(request) if request.api is Api.TGI else None
         # Natively or translated; a replica that cannot honour every parameter is left out.
-        speakers = servable(request, serving, model.tokenizer is not None)
+        speakers = servable(request, serving, model.tokenizer is not None, parsed)
         # The pool: forced by the client, else any that takes primary traffic (canary split).
-        speakers = self.split.candidates(model, request, speakers)
-        admission = admit(model, request, speakers)
+        speakers = self.split.candidates(model, request, context, speakers)
+        admission = admit(model, request, speakers, context, prepared.prompt_counts)
         admission.name, admission.adapter = name, (
             name if self.names.parent(name, model) is not None else None)
+        admission.pinned, admission.plan = pinned, parsed
         return model, admission

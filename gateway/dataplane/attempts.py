@@ -1,6 +1,11 @@
 """The retry loop: place an admitted request, relay it, and on a failure that reached no
 client byte try another replica while the attempts allowed and the retry budget last.
 
+As in Envoy's router, the policy is fixed (``max_attempts``, the budget, which failure kinds
+are ``retryable``) and the state is the request's own (the replicas tried). A retry is
+told to the outcome listeners on the failed attempt (``Attempt.retried``): metrics count
+it there.
+
 Once a primary request answers, its model's shadow pools (canary) get their copies.
 """
 
@@ -11,16 +16,15 @@ from typing import TYPE_CHECKING
 from gateway.canary import shadow
 from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.admission import Admission
-from gateway.dataplane.outcome import RequestRecord
+from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
-from gateway.metrics import GatewayMetrics
 from gateway.protocol.errors import GatewayError
-from gateway.protocol.request import GenerationRequest
+from gateway.protocol.request import Context, GenerationRequest
 
 if TYPE_CHECKING:
     from gateway.canary.shadow import Shadows
@@ -28,42 +32,40 @@ if TYPE_CHECKING:
 
 class Attempts:
     def __init__(self, placer: Placer, relay: Relay, budget: RetryBudget, max_attempts: int,
-                 metrics: GatewayMetrics, shadows: "Shadows") -> None:
+                 outcomes: Outcomes, shadows: "Shadows") -> None:
         self.placer = placer
         self.relay = relay
         self.budget = budget
         self.max_attempts = max_attempts
-        self.metrics = metrics
+        self.outcomes = outcomes
         self.shadows = shadows
 
-    async def serve(self, request: GenerationRequest, model: ServedModel, admission: Admission,
-                    record: RequestRecord) -> Reply:
+    async def serve(self, request: GenerationRequest, context: Context, model: ServedModel,
+                    admission: Admission, record: RequestRecord) -> Reply:
         """The reply of the first replica that answers; raises the last failure (or the
         placement's refusal) when none does."""
         self.budget.request()
         tried: list[Replica] = []
-        key = sticky_key(request)
-        caller = request.caller
+        key = sticky_key(request, context)
         while True:
             placement = await self.placer.place(model, admission, exclude=tried, key=key,
-                                                caller=caller)
-            if placement.queued_for:
-                self.metrics.queued(model.name, request.api, placement.queued_for)
-                if caller is not None:
-                    self.metrics.key_queued(caller.name, model.name, placement.queued_for)
+                                                caller=context.caller)
             try:
                 reply = await self.relay.forward(request, placement, record)
             except GatewayError as error:
                 tried.append(placement.replica)
-                if (error.retry_kind is None or len(tried) >= self.max_attempts
+                failure = error.failure
+                if (failure is None or not failure.retryable or len(tried) >= self.max_attempts
                         or not any(r.available and r not in tried for r in admission.replicas)
                         or not self.budget.try_spend()):
                     raise
-                self.metrics.retry(placement.replica, error.retry_kind)
+                failed = record.attempts[-1]  # the relay's record of this try
+                failed.retried = True
+                self.outcomes.retried(failed)
                 continue
             if model.name in self.shadows.models:  # canary: copy it, now that it answers
                 primary_text = self.shadows.start(request, model, placement.replica.pool,
-                                                  record)
+                                                  record, admission.prompt_counts)
                 if primary_text is not None:
                     reply = shadow.primary_reply(primary_text, reply)
             return reply

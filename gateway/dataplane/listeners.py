@@ -4,13 +4,16 @@ part of the gateway keeps (``gateway.dataplane.outcome``)."""
 from __future__ import annotations
 
 from gateway.canary.samples import SampleBook
-from gateway.dataplane.outcome import Attempt, Listener
+from gateway.dataplane.outcome import Attempt, Listener, RequestRecord
 from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.response_homes import ResponseHomes
 from gateway.metrics import GatewayMetrics, status_class
 
 
 class RequestMetrics(Listener):
-    """TTFT when the first token comes; the rest when the attempt ends."""
+    """TTFT when the first token comes; a retry when one follows a failed attempt; the rest
+    (queueing, status, failure kind, latencies, tokens) when the attempt ends; the gateway's
+    refusals and each API key's requests when the client request ends."""
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
@@ -26,6 +29,12 @@ class RequestMetrics(Listener):
                                     attempt.placement.name, attempt.request.path)
         if attempt.sent_at:
             meter.overhead.observe(attempt.sent_at - attempt.arrival)
+        placement = attempt.placement
+        if placement.queued_for:
+            metrics.queued(placement.model.name, attempt.request.api, placement.queued_for)
+            if placement.caller is not None:
+                metrics.key_queued(placement.caller.name, placement.model.name,
+                                   placement.queued_for)
         meter.requests[status_class(attempt.status)].inc()
         if attempt.error is not None:
             metrics.upstream_error(attempt.replica, attempt.error)
@@ -42,10 +51,26 @@ class RequestMetrics(Listener):
             meter.itl.observe(decode[0])
             meter.tokens_per_second.observe(decode[1])
 
+    def retried(self, attempt: Attempt) -> None:
+        self.metrics.retry(attempt.replica, attempt.error)  # type: ignore[arg-type]
+
+    def request_ended(self, record: RequestRecord) -> None:
+        refusal, key = record.refusal, record.key
+        if refusal is not None:
+            self.metrics.reject(refusal.model, refusal.api, refusal.reason)
+            if key is not None:
+                self.metrics.key_rejected(key, refusal.model, refusal.reason)
+            elif refusal.reason == "unauthorized":
+                self.metrics.key_rejected("", refusal.model, refusal.reason)
+        if key is not None and record.admitted_at:  # admitted: its grant was settled
+            self.metrics.key_done(key, record.model, record.usage)  # type: ignore[arg-type]
+
 
 class OutlierRecord(Listener):
-    """A replica's failures and successes, for passive ejection. A shadow copy never ejects a
-    replica nor clears its failures: how it went must not change how clients are served."""
+    """Each attempt's failure or success on its replica, for passive ejection
+    (``gateway.fleet.outlier``). A shadow copy's attempts are not told: they never eject a
+    replica nor clear its failures (how a copy went must not change how clients are
+    served), though they count in the shadow's metrics and canary samples."""
 
     def __init__(self, outlier: OutlierDetector) -> None:
         self.outlier = outlier
@@ -85,3 +110,16 @@ class OutputLengths(Listener):
     def ended(self, attempt: Attempt) -> None:
         if attempt.completed:
             attempt.placement.served(attempt.usage.completion_tokens)
+
+
+class ResponseHomesRecord(Listener):
+    """Records the home of each response an attempt stored (its answer named one); a shadow
+    copy's stored response is nobody's."""
+
+    def __init__(self, homes: ResponseHomes) -> None:
+        self.homes = homes
+
+    def ended(self, attempt: Attempt) -> None:
+        stored = attempt.usage.stored_id
+        if stored is not None and attempt.answered and not attempt.request.shadow:
+            self.homes.record(stored, attempt.replica.name)

@@ -2,14 +2,20 @@
 
 An attempt is one try of a request on one replica, from its placement to its end: sent,
 first token, the end (completed, failed, timed out, cut by the client). The relay fills in
-an ``Attempt`` as it goes and tells the ``Outcomes`` three times at most, as it is sent, at
-its first token and at its end, never per event. Everything that learns from how requests
-went listens there, registered once at wiring: the request metrics, passive outlier
-detection, the canary's samples, the output-length estimate, tracing.
+an ``Attempt`` as it goes and tells the ``Outcomes``, never per event: as it is sent (only
+the listeners that add a header there: tracing), at its first token (a stream that got
+one), at its end (always, once), and, from the retry loop, when a retry follows it (only a
+failure before any byte reached the client: never after a first token). So a listener
+hears an attempt once to three times. Everything that learns from how requests went
+listens there, registered once at wiring: the request metrics (retries and queueing
+included), passive outlier detection, the canary's samples, the output-length estimate,
+where stored Responses live, tracing.
 
 A ``RequestRecord`` is one client request at the HTTP edge, from arrival to its answer,
-with its attempts (a retry is one more). The edge tells the listeners when it starts and
-when it ends (the access log, tracing); with none registered that costs one check.
+with its attempts (a retry is one more), the gateway's own refusal if it answered one, and
+the answer's usage. The edge tells the listeners when it starts (the access log, tracing)
+and when it ends (those, and the request metrics: refusals, per-key counts); with none
+registered that costs one check.
 """
 
 from __future__ import annotations
@@ -21,20 +27,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
+from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.dataplane.placement import Placement
     from gateway.fleet.replica import Replica
-
-# Why an attempt failed, when it did (``Attempt.error``). The replica's fault unless noted.
-CONNECT = "connect"          # no connection could be made: nothing reached the replica
-TRANSPORT = "transport"      # the connection broke before an answer
-TIMEOUT = "timeout"          # no answer (no first token) in time
-STREAM_BROKEN = "stream_broken"    # the stream ended early or broke after its first token
-STREAM_TIMEOUT = "stream_timeout"  # too long between tokens, or past the total budget
-BAD_RESPONSE = "bad_response"      # an answer that could not be translated
-HTTP_4XX = "http_4xx"        # the engine refused the request (or is busy: 429): not broken
-HTTP_5XX = "http_5xx"
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +47,8 @@ class Attempt:
     ended_at: float = 0.0
     status: int = 0         # what the client was answered (499: the client left)
     answered: bool = False  # the replica answered 2xx (a body, or a stream's start)
-    error: str | None = None  # why it failed (the kinds above), None when it did not
+    error: FailureKind | None = None  # why the replica failed it, None when it did not
+    retried: bool = False  # it failed before any byte reached the client; a retry followed
     usage: Usage = field(default_factory=Usage)
     trace: Any = None  # tracing's span of it (None: tracing off)
 
@@ -65,7 +63,7 @@ class Attempt:
     @property
     def replica_failed(self) -> bool:
         """The replica failed it (connect, transport, timeout, 5xx, a broken stream)."""
-        return self.error is not None and self.error != HTTP_4XX
+        return self.error is not None and self.error.replica_fault
 
     @property
     def replica_served(self) -> bool:
@@ -92,8 +90,18 @@ class Attempt:
             return None
         return seconds / (generated - 1), (generated - 1) / seconds
 
-    def end(self, status: int, error: str | None = None) -> None:
+    def end(self, status: int, error: FailureKind | None = None) -> None:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The gateway answered the request itself with an error: why (a fixed reason), and the
+    model and protocol its metrics count it under (only served names become labels)."""
+
+    reason: str
+    model: str
+    api: Api
 
 
 @dataclass(slots=True, eq=False)
@@ -115,11 +123,17 @@ class RequestRecord:
     admitted_at: float = 0.0  # admission done (window check, key limits)
     attempts: list[Attempt] = field(default_factory=list)
     status: int = 0
-    error: str | None = None  # the gateway's error reason, when it answered one itself
+    refusal: Refusal | None = None  # the gateway answered an error itself (None: it did not)
+    usage: Usage | None = None  # the answer's, once it ended (None: it got no answer)
     client_left: bool = False
     ended_at: float = 0.0
     trace: Any = None  # tracing's span of it (None: tracing off)
     trace_id: str | None = None  # its trace's id (hex), when tracing started its span
+
+    @property
+    def error(self) -> str | None:
+        """The gateway's error reason, when it answered one itself."""
+        return self.refusal.reason if self.refusal is not None else None
 
     @property
     def last(self) -> Attempt | None:
@@ -133,7 +147,7 @@ class RequestRecord:
 
 class Listener:
     """Hears of attempts and of client requests: override what you need (each is called
-    at most once per attempt or request)."""
+    at most once per attempt or request; see the module's docstring for when)."""
 
     def sending(self, attempt: Attempt, record: "RequestRecord") -> tuple[bytes, bytes] | None:
         """The attempt of ``record`` is about to be sent: a header to send with it, if any.
@@ -147,6 +161,9 @@ class Listener:
     def ended(self, attempt: Attempt) -> None:
         pass
 
+    def retried(self, attempt: Attempt) -> None:
+        """``attempt`` has ended failed (``error``) and the request is tried again elsewhere."""
+
     def request_started(self, record: RequestRecord) -> None:
         pass
 
@@ -159,18 +176,20 @@ def _overriding(listeners: tuple[Listener, ...], name: str) -> tuple[Listener, .
 
 
 class Outcomes:
-    """The listeners, told in the order registered. ``sends`` and ``requests`` are false
-    when nobody listens there, so the data path skips those calls with one check."""
+    """The listeners, told in the order registered. ``sends``, ``starts`` and ``ends`` are
+    false when nobody listens there, so the data path skips those calls with one check."""
 
     def __init__(self, listeners: Iterable[Listener] = ()) -> None:
         self.listeners: tuple[Listener, ...] = tuple(listeners)
         self._first = _overriding(self.listeners, "first_token")
         self._attempt_ended = _overriding(self.listeners, "ended")
+        self._retried = _overriding(self.listeners, "retried")
         self._sending = _overriding(self.listeners, "sending")
         self._started = _overriding(self.listeners, "request_started")
         self._ended = _overriding(self.listeners, "request_ended")
         self.sends = bool(self._sending)
-        self.requests = bool(self._started or self._ended)
+        self.starts = bool(self._started)
+        self.ends = bool(self._ended)
 
     def sending(self, attempt: Attempt, record: RequestRecord) -> list[tuple[bytes, bytes]]:
         headers = []
@@ -187,6 +206,10 @@ class Outcomes:
     def ended(self, attempt: Attempt) -> None:
         for listener in self._attempt_ended:
             listener.ended(attempt)
+
+    def retried(self, attempt: Attempt) -> None:
+        for listener in self._retried:
+            listener.retried(attempt)
 
     def request_started(self, record: RequestRecord) -> None:
         for listener in self._started:

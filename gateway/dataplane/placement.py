@@ -26,11 +26,14 @@ from gateway.protocol.request import Caller
 
 @dataclass(slots=True)
 class Placement:
-    """Where one request goes, and its reservation there (close the lease when done)."""
+    """Where one request goes, and its reservation there (close the lease when done), with
+    what admission decided (the relay writes its output cap into the engine's body)."""
 
     model: ServedModel
+    admission: Admission
     replica: Replica
     lease: Lease
+    caller: Caller | None = None  # whose share of the queue it waited in (keys on)
     queued_for: float = 0.0  # seconds spent waiting for a free slot
     asked: int = 0  # output tokens the request may generate (max_tokens x choices)
     outputs: OutputEstimate | None = None
@@ -85,7 +88,7 @@ class Placer:
                 # A slot freed for a woken waiter is that waiter's: a newcomer that sees it
                 # joins the queue instead (a free slot no waiter was woken for is free).
                 if free and (ticket is not None or not wait or not queue.promised):
-                    placement = self._reserve(model, admission, free, key)
+                    placement = self._reserve(model, admission, free, key, caller)
                     if started:
                         placement.queued_for = loop.time() - started
                     return placement
@@ -132,7 +135,7 @@ class Placer:
         return queue.enter(flow, caller.weight if caller is not None else 1.0, cost)
 
     def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
-                 key: str | None = None) -> Placement:
+                 key: str | None = None, caller: Caller | None = None) -> Placement:
         pool = self.split.pick(model.pools, free, key)
         assert pool is not None  # ``free`` is not empty
         candidates = [r for r in pool.replicas if id(r) in free]
@@ -143,8 +146,8 @@ class Placer:
         expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)
         lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens, expected, asked)
         lease.on_close = lambda: self._wake_one(model.name)
-        return Placement(model, replica, lease, asked=asked, outputs=self.outputs,
-                         name=admission.name or model.name)
+        return Placement(model, admission, replica, lease, caller, asked=asked,
+                         outputs=self.outputs, name=admission.name or model.name)
 
     def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""

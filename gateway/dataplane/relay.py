@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from gateway.config import TimeoutsConfig
-from gateway.dataplane.outcome import (BAD_RESPONSE, CONNECT, STREAM_BROKEN, STREAM_TIMEOUT,
-                                       TIMEOUT, TRANSPORT, Attempt, Outcomes, RequestRecord)
+from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
 from gateway.dataplane.placement import Placement
 from gateway.dataplane.reply import Reply, Sink, Tap
-from gateway.metrics import status_class
 from gateway.protocol.errors import (GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import StreamReader, Translation, plan
-from gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+from gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from gateway.upstream.failure import FailureKind
 
 # Response headers of the engine that are not passed on to the client.
 # (Bytes, as raw headers are. Bodies pass through undecoded, so content-encoding
@@ -41,33 +41,36 @@ _DROPPED_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate
 
 
 class Relay:
-    def __init__(self, pool: UpstreamPool, timeouts: TimeoutsConfig, outcomes: Outcomes) -> None:
+    def __init__(self, pool: UpstreamPool, timeouts: TimeoutsConfig, outcomes: Outcomes,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.pool = pool
         self.timeouts = timeouts
         self.outcomes = outcomes
+        self.clock = clock  # ``time.perf_counter``, as the edge's arrival times (tests: a fake)
 
     async def forward(self, request: GenerationRequest, placement: Placement,
                       record: RequestRecord) -> Reply:
         """Send to the replica, as one more attempt of ``record``. Raises GatewayError (lease
-        released) if nothing can be sent to the client; its ``retry_kind`` is set when
-        another replica may be tried."""
+        released) if nothing can be sent to the client; its ``failure`` says whether the
+        replica failed it and whether another replica may be tried."""
         attempt = Attempt(request, placement, record.arrival)
         record.attempts.append(attempt)
         request_id = record.request_id
         replica = placement.replica
         response: UpstreamResponse | None = None
         content = b""
-        failure: str | None = None  # the kind, when the replica failed the attempt
         try:
+            admission = placement.admission
             translation = plan(request, replica.engine, replica.version, placement.name,
-                               placement.model.tokenizer, placement.model.window(replica))
+                               placement.model.tokenizer, placement.model.window(replica),
+                               admission.output_cap, admission.plan)
             path, body = translation.path, translation.body
             # Bodies pass through undecoded: ask for them uncompressed (the client may not
             # accept an encoding, and a translated answer is parsed).
             headers = ((b"content-type", b"application/json"),
                        (b"x-request-id", request_id.encode()),
                        (b"accept-encoding", b"identity"))
-            attempt.sent_at = time.perf_counter()
+            attempt.sent_at = self.clock()
             if self.outcomes.sends:  # tracing: the attempt's traceparent
                 headers += tuple(self.outcomes.sending(attempt, record))
             try:
@@ -78,26 +81,20 @@ class Relay:
                     if response.status >= 400 or not request.stream:
                         content = await response.read()
             except TimeoutError:
-                failure = TIMEOUT
                 raise UpstreamTimeout(f"replica {replica.name} did not answer in time") from None
             except UpstreamError as exc:
-                failure = CONNECT if isinstance(exc, UpstreamConnectError) else TRANSPORT
-                error = UpstreamUnavailable(f"replica {replica.name} failed: {exc}")
-                error.retry_kind = failure
-                raise error from None
+                raise UpstreamUnavailable(f"replica {replica.name} failed: {exc}",
+                                          exc.failure) from None
             if response.status >= 400:
-                failure = f"http_{status_class(response.status)}"
-                error = translation.engine_error(error_from_engine(response.status, content))
-                if response.status == 429:
-                    error.retry_kind = "http_429"  # busy, not broken
-                elif response.status >= 500:
-                    error.retry_kind = "http_5xx"
-                raise error
+                raise translation.engine_error(error_from_engine(response.status, content))
         except BaseException as exc:  # including the client leaving (CancelledError)
             placement.lease.close()
             if response is not None:
                 response.close()  # drops the connection: the engine aborts the sequence
-            attempt.end(exc.status if isinstance(exc, GatewayError) else 499, failure)
+            if isinstance(exc, GatewayError):  # the gateway's own (a plan's 400): no failure
+                attempt.end(exc.status, exc.failure)
+            else:
+                attempt.end(499)
             self.outcomes.ended(attempt)
             raise
         attempt.answered = True
@@ -131,7 +128,7 @@ class Relay:
         try:
             body, usage, replaced = translation.response(content, response.headers)
         except GatewayError as error:  # an answer that cannot be translated: a broken one
-            attempt.end(error.status, BAD_RESPONSE)
+            attempt.end(error.status, FailureKind.BAD_RESPONSE)
             self.outcomes.ended(attempt)
             raise
         attempt.usage = usage
@@ -157,7 +154,7 @@ class RelayedStream:
 
     __slots__ = ("relay", "attempt", "request", "lease", "response", "arrival", "reader",
                  "reply", "held", "backlog", "sink", "taps", "first_at", "last_at",
-                 "active_at", "ends_at", "status", "ended", "timeout", "_loop", "_timer",
+                 "active_at", "ends_at", "status", "ended", "timeout", "_now", "_loop", "_timer",
                  "_first", "_done", "_paused")
 
     def __init__(self, relay: Relay, attempt: Attempt, response: UpstreamResponse,
@@ -172,7 +169,8 @@ class RelayedStream:
         self.taps: tuple[Tap, ...] = ()  # the shared empty tuple, read per write
         self.first_at: float | None = None
         self.last_at: float | None = None  # the last token (perf_counter, as ``arrival``)
-        self.active_at = time.perf_counter()  # the last read, or the client draining
+        self._now = relay.clock
+        self.active_at = self._now()  # the last read, or the client draining
         self.ends_at = self.arrival + relay.timeouts.total
         self.status = 200
         self.ended = False
@@ -229,13 +227,13 @@ class RelayedStream:
             return
         out, events = self.reader.feed(data)
         if events:
-            self.last_at = self.active_at = now = time.perf_counter()
+            self.last_at = self.active_at = now = self._now()
             self.lease.generated(events)
             if self.first_at is None:
                 self._first_token(now, out)
                 return
         else:
-            self.active_at = time.perf_counter()
+            self.active_at = self._now()
             if self.first_at is None:
                 self.held += out  # sent with the first token: until then a retry is possible
                 return
@@ -247,10 +245,11 @@ class RelayedStream:
             return
         name = self.attempt.replica.name
         if error is not None:
-            self._broken(UpstreamUnavailable(f"replica {name} stream broke: {error}"))
+            self._fail(502, UpstreamUnavailable(f"replica {name} stream broke: {error}",
+                                                FailureKind.STREAM_BROKEN))
         elif not self.reader.finished:
-            self._broken(UpstreamUnavailable(f"replica {name} ended the stream before it was "
-                                             f"complete"))
+            self._fail(502, UpstreamUnavailable(f"replica {name} ended the stream before it "
+                                                f"was complete", FailureKind.STREAM_BROKEN))
         else:
             tail, self.held = self.held + self.reader.pending, b""
             if self.first_at is None:  # a stream without tokens goes out whole
@@ -292,13 +291,13 @@ class RelayedStream:
     def _resume(self) -> None:
         self._paused = False
         if not self.ended:
-            self.active_at = time.perf_counter()  # the wait was the client's
+            self.active_at = self._now()  # the wait was the client's
             self.response.resume_reading()
 
     def _on_timer(self) -> None:
         if self.ended:
             return
-        now = time.perf_counter()
+        now = self._now()
         left = self.timeout if self._paused else self._time_left(now)  # paused: the client's
         if left > 0:  # active since it was armed, or waiting for the client
             self._timer = self._loop.call_later(left, self._on_timer)
@@ -307,22 +306,17 @@ class RelayedStream:
         timeouts = self.relay.timeouts
         self._fail(504, UpstreamTimeout(
             f"replica {self.attempt.replica.name} sent no token for {self.timeout:g}s (or "
-            f"the request ran past its total {timeouts.total:g}s)"), None, STREAM_TIMEOUT)
+            f"the request ran past its total {timeouts.total:g}s)", FailureKind.STREAM_TIMEOUT))
 
-    def _broken(self, error: UpstreamUnavailable) -> None:
-        self._fail(502, error, "transport", STREAM_BROKEN)
-
-    def _fail(self, status: int, error: GatewayError, retry_kind: str | None,
-              failure: str) -> None:
+    def _fail(self, status: int, error: GatewayError) -> None:
         if self.first_at is None:  # nothing sent yet: a plain error, maybe retried elsewhere
-            error.retry_kind = retry_kind
-            self._finish(status, failure)
+            self._finish(status, error.failure)
             self._first.set_exception(error)
         else:  # mid-stream: the client hears it as the protocol's error event
             self._emit(error.sse_event(self.request.api))
-            self._finish(status, failure)
+            self._finish(status, error.failure)
 
-    def _finish(self, status: int, failure: str | None = None) -> None:
+    def _finish(self, status: int, failure: FailureKind | None = None) -> None:
         """Once: release the lease, tell how the attempt went, end the taps."""
         self.ended = True
         self.status = status

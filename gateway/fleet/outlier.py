@@ -1,8 +1,10 @@
 """Passive outlier ejection: replicas that fail real requests in a row sit out for a while.
 
 Active probes only see an engine's health endpoint; a replica can pass them and still fail
-every request (a wedged GPU, a stalled scheduler). The relay reports each request's outcome
-here. ``consecutive_failures`` failures in a row eject the replica for ``base_ejection``
+every request (a wedged GPU, a stalled scheduler). Each attempt's outcome on a replica is
+reported here by the ``OutlierRecord`` outcome listener (``gateway.dataplane.listeners``),
+except a canary shadow copy's: a copy neither counts towards an ejection nor clears one.
+``consecutive_failures`` failed attempts in a row eject the replica for ``base_ejection``
 seconds, doubling with each ejection that follows without a success in between (capped at
 ``max_ejection``). Like Envoy's ``max_ejection_percent``, never more than a share of a
 model's replicas is ejected at once, so a fleet-wide fault degrades instead of emptying it.

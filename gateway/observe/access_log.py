@@ -61,8 +61,8 @@ def entry(record: RequestRecord, now_wall: float, now: float) -> dict[str, Any]:
         decode = last.decode
         itl = decode[0] if decode is not None else None
     error = record.error
-    if error is None and last is not None:
-        error = last.error
+    if error is None and last is not None and last.error is not None:
+        error = last.error.label
     arrived = now_wall - (now - record.arrival)
     return {
         "time": datetime.fromtimestamp(arrived, timezone.utc).isoformat(timespec="milliseconds"),

@@ -162,7 +162,7 @@ class Tracing(Listener):
             attributes.update(_usage_attributes(last))
             if last.first_at is not None:
                 attributes["llm_gateway.ttft_s"] = last.first_at - record.arrival
-        error = record.error or (last.error if last is not None else None)
+        error = record.error or (last.error.label if last is not None and last.error else None)
         if error is not None:
             attributes["error.type"] = error
         span.set_attributes(attributes)
@@ -226,8 +226,8 @@ class Tracing(Listener):
                 if decode is not None:
                     attributes["llm_gateway.itl_mean_s"] = decode[0]
             if attempt.error is not None:
-                attributes["error.type"] = attempt.error
-                span.set_status(Status(StatusCode.ERROR, attempt.error))
+                attributes["error.type"] = attempt.error.label
+                span.set_status(Status(StatusCode.ERROR, attempt.error.label))
             span.set_attributes(attributes)
         span.end(end_time=self.ns(attempt.ended_at))
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from gateway.upstream.failure import FailureKind
+
 
 class Api(str, Enum):
     """The protocol a client speaks to the gateway."""
@@ -28,7 +30,7 @@ class GatewayError(Exception):
     tgi_type: str = "generation"
     code: str | None = None
     reason: str = "internal"  # fixed label value for the rejection/error metrics
-    retry_kind: str | None = None  # set when another replica may be tried (nothing was sent)
+    failure: FailureKind | None = None  # why a replica failed it, if one did (retryable?)
     api: "Api | None" = None  # the client's protocol, where its body told it (TGI's /tokenize)
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None,
@@ -189,15 +191,18 @@ class Draining(GatewayError):
 
 
 class EngineError(GatewayError):
-    """An engine's own error (4xx/5xx), carried to the client in the client's shape."""
+    """An engine's own error (4xx/5xx), carried to the client in the client's shape. Its
+    failure kind is the engine's status's (a context refusal the engine sent as 5xx is
+    still a 5xx of the replica)."""
 
     openai_type = "upstream_error"
     reason = "upstream"
 
     def __init__(self, message: str, status: int, engine_type: str | None = None,
                  code: str | None = None, param: str | None = None,
-                 tgi_type: str | None = None) -> None:
+                 tgi_type: str | None = None, failure: FailureKind | None = None) -> None:
         super().__init__(message, status=status, param=param)
+        self.failure = failure or FailureKind.of_status(status)
         if status < 500:
             self.openai_type = "invalid_request_error"
             self.tgi_type = "validation"
@@ -215,17 +220,24 @@ class EngineError(GatewayError):
 
 
 class UpstreamUnavailable(GatewayError):
-    """The engine could not be reached, or did not answer in time."""
+    """The engine could not be reached, broke the exchange, or did not answer in time."""
 
     status = 502
     openai_type = "server_error"
     tgi_type = "generation"
     reason = "upstream_unavailable"
 
+    def __init__(self, message: str, failure: FailureKind = FailureKind.TRANSPORT) -> None:
+        super().__init__(message)
+        self.failure = failure
+
 
 class UpstreamTimeout(UpstreamUnavailable):
     status = 504
     reason = "upstream_timeout"
+
+    def __init__(self, message: str, failure: FailureKind = FailureKind.TIMEOUT) -> None:
+        super().__init__(message, failure)
 
 
 _CONTEXT_MARKERS = ("maximum context length", "context length", "context size",
@@ -258,5 +270,6 @@ def error_from_engine(status: int, body: bytes) -> EngineError:
         400 <= status < 500 and any(m in message for m in _CONTEXT_MARKERS))
     if is_context:
         return EngineError(message, 400, engine_type, code="context_length_exceeded",
-                             param=param, tgi_type="validation")
+                           param=param, tgi_type="validation",
+                           failure=FailureKind.of_status(status))
     return EngineError(message, status, engine_type, param=param, tgi_type=tgi_type)

@@ -2,7 +2,7 @@
 
 vLLM keeps stored responses in its own process: a request that continues one
 (``previous_response_id``) must reach the replica that stored it (``pinned`` at admission,
-gateway/dataplane/response_homes.py). The window check sees only this turn's input (the
+gateway/fleet/response_homes.py). The window check sees only this turn's input (the
 earlier turns live on the engine): a lower bound of the real prompt, so what it refuses the
 engine would refuse too.
 """

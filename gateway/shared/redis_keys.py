@@ -40,7 +40,7 @@ key                                    type    what
                                                or revoked (peers re-read at once)
 ``{p}response:{id}``                   string  the replica that stored a Response (vLLM keeps
                                                it in its process); expires after
-                                               ``responses.ttl`` (gateway/dataplane/
+                                               ``responses.ttl`` (gateway/fleet/
                                                response_homes)
 =====================================  ======  =========================================
 

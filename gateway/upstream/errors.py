@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from gateway.upstream.failure import FailureKind
+
 
 class UpstreamError(Exception):
     """The exchange with the replica failed."""
 
+    failure = FailureKind.TRANSPORT
+
 
 class UpstreamConnectError(UpstreamError):
     """No connection could be made: nothing reached the replica."""
+
+    failure = FailureKind.CONNECT
 
 
 class UpstreamTransportError(UpstreamError):

@@ -21,7 +21,7 @@ from gateway.config import ConfigError, load_settings
 from gateway.fleet.model import Pool
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import Api
-from gateway.protocol.request import Caller, GenerationRequest
+from gateway.protocol.request import Caller, Context, GenerationRequest
 from routing import Routing
 from redis_support import SHARED_URL, shared_prefix
 from support import gateway_server, sim, wait_until, wait_until_async
@@ -111,16 +111,17 @@ def test_no_key_draws_by_weight() -> None:
     assert 140 <= canary <= 260, canary
 
 
-def _request(body: dict, session: str | None = None, caller: str | None = None) -> GenerationRequest:
-    return GenerationRequest(Api.OPENAI, "/v1/completions", body, b"", MODEL, False, 1,
-                             session=session, caller=Caller(caller) if caller else None)
+def _request(body: dict, session: str | None = None,
+             caller: str | None = None) -> tuple[GenerationRequest, Context]:
+    return (GenerationRequest(Api.OPENAI, "/v1/completions", body, b"", MODEL, False, 1),
+            Context(session=session, caller=Caller(caller) if caller else None))
 
 
 def test_sticky_key_order() -> None:
-    assert sticky_key(_request({"user": "u"}, session="s", caller="k")) == "s"
-    assert sticky_key(_request({"user": "u"}, caller="k")) == "u"
-    assert sticky_key(_request({"user": 5}, caller="k")) == "k"
-    assert sticky_key(_request({})) is None
+    assert sticky_key(*_request({"user": "u"}, session="s", caller="k")) == "s"
+    assert sticky_key(*_request({"user": "u"}, caller="k")) == "u"
+    assert sticky_key(*_request({"user": 5}, caller="k")) == "k"
+    assert sticky_key(*_request({})) is None
 
 
 @pytest.mark.parametrize("pools, message", [

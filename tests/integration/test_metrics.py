@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.balance.ledger import InProcessLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.fleet.engine_signals import EngineSignals
+from gateway.upstream.failure import FailureKind
 from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KINDS, GatewayMetrics,
                              NullMetrics, make_metrics)
 from gateway.protocol.errors import Api
@@ -77,7 +78,7 @@ def test_replica_gauges_show_own_load_and_one_hot_state() -> None:
     states = {l["state"]: v for n, l, v in samples if n == "llm_gateway_replica_state"}
     assert states == {s: float(s == "draining") for s in REPLICA_STATES}
     lease.close()
-    metrics.retry(replica, "http_5xx")
+    metrics.retry(replica, FailureKind.HTTP_5XX)
     metrics.queued("m", Api.OPENAI, 0.25)
     samples = parse(metrics.exposition().decode())
     assert total(samples, "llm_gateway_replica_in_flight_requests") == 0
@@ -177,7 +178,7 @@ def test_metrics_off_is_a_no_op_with_the_same_calls() -> None:
     meter.ttft.observe(1.0)
     meter.requests["2xx"].inc()
     metrics.reject("m", Api.OPENAI, "overloaded")
-    metrics.retry(replica, "connect")
+    metrics.retry(replica, FailureKind.CONNECT)
     metrics.queued("m", Api.TGI, 1.0)
     metrics.watch_replicas(lambda: [replica], InProcessLedger())
     metrics.start_at_zero(["m"])

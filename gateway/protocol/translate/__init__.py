@@ -18,6 +18,7 @@ parameter it cannot honour); ``plan`` builds the ``Translation`` for the replica
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, TypeVar
@@ -30,7 +31,7 @@ from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
 from gateway.protocol import responses as responses_api
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
-from gateway.protocol.translate.passthrough import PassThrough
+from gateway.protocol.translate.passthrough import PassThrough, capped_body
 from gateway.protocol.translate.responses import ResponsesPassThrough
 from gateway.protocol.translate.sse import malformed
 from gateway.protocol.translate.generated_tokens import TokenTexts
@@ -129,15 +130,33 @@ class Translated:
         return error
 
 
-def _tgi_parameters(request: GenerationRequest) -> tgi_request.TgiParameters:
-    if request.tgi_parameters is None:
-        request.tgi_parameters = tgi_request.parse_parameters(
-            request.body, request.stream, compat=request.path == "/")
-    return request.tgi_parameters
+class TranslationPlan:
+    """What translation parses of one request, parsed once for every replica it is checked
+    against (``servable``) and every attempt (``plan``): a TGI request's parameters, on
+    first need. Admission holds it (``Admission.plan``); the request itself is never written.
+    """
+
+    __slots__ = ("request", "_tgi_parameters")
+
+    def __init__(self, request: GenerationRequest) -> None:
+        self.request = request
+        self._tgi_parameters: tgi_request.TgiParameters | None = None
+
+    def tgi_parameters(self) -> tgi_request.TgiParameters:
+        if self._tgi_parameters is None:
+            self._tgi_parameters = _tgi_parameters(self.request)
+        return self._tgi_parameters
+
+
+def _tgi_parameters(request: GenerationRequest,
+                    parsed: TranslationPlan | None = None) -> tgi_request.TgiParameters:
+    if parsed is not None:
+        return parsed.tgi_parameters()
+    return tgi_request.parse_parameters(request.body, request.stream, compat=request.path == "/")
 
 
 def refusal(request: GenerationRequest, engine: str, version: str | None,
-            has_tokenizer: bool) -> GatewayError | None:
+            has_tokenizer: bool, parsed: TranslationPlan | None = None) -> GatewayError | None:
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
     profile = engines.get(engine)
@@ -153,7 +172,7 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
     if request.api is Api.TGI:
         if profile.api is Api.TGI:
             return None
-        return tgi_request.refusal(_tgi_parameters(request), profile, request.stream,
+        return tgi_request.refusal(_tgi_parameters(request, parsed), profile, request.stream,
                                    has_tokenizer)
     if profile.api is not Api.TGI:
         return None
@@ -175,11 +194,12 @@ class EngineReplica(Protocol):
 E = TypeVar("E", bound=EngineReplica)
 
 
-def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool) -> list[E]:
+def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool,
+             parsed: TranslationPlan | None = None) -> list[E]:
     """The replicas that can serve ``request`` exactly; raises why none can."""
     out, refused = [], None
     for replica in replicas:
-        error = refusal(request, replica.engine, replica.version, has_tokenizer)
+        error = refusal(request, replica.engine, replica.version, has_tokenizer, parsed)
         if error is None:
             out.append(replica)
         elif refused is None:
@@ -190,22 +210,28 @@ def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool)
 
 
 def plan(request: GenerationRequest, engine: str, version: str | None, model: str,
-         tokenizer: ModelTokenizer | None, window: int | None) -> Translation:
-    """How ``request`` reaches a replica of ``engine``: translated, or passed through."""
+         tokenizer: ModelTokenizer | None, window: int | None, output_cap: int | None = None,
+         parsed: TranslationPlan | None = None) -> Translation:
+    """How ``request`` reaches a replica of ``engine``: translated, or passed through.
+    ``output_cap`` (admission's, ``output_past_window: cap``) is written into the body the
+    engine gets, never into the request."""
     if request.path == responses_api.PATH:
-        return ResponsesPassThrough(request)
+        return ResponsesPassThrough(request, output_cap)
     profile = engines.get(engine)
     if request.api is Api.TGI and profile.api is not Api.TGI:
-        return _tgi_on_openai(request, profile, model, tokenizer, window)
+        return _tgi_on_openai(request, profile, model, tokenizer, window, output_cap, parsed)
     if (request.api is Api.OPENAI and profile.api is Api.TGI and not request.is_chat
             and not _at_least(version, TGI_COMPLETIONS_API)):
-        return _completions_on_tgi(request, version, tokenizer)
-    return PassThrough(request)
+        return _completions_on_tgi(request, version, tokenizer, output_cap)
+    return PassThrough(request, output_cap)
 
 
 def _tgi_on_openai(request: GenerationRequest, engine: Engine, model: str,
-                   tokenizer: ModelTokenizer | None, window: int | None) -> Translated:
-    p = _tgi_parameters(request)
+                   tokenizer: ModelTokenizer | None, window: int | None,
+                   output_cap: int | None, parsed: TranslationPlan | None) -> Translated:
+    p = _tgi_parameters(request, parsed)
+    if output_cap is not None:
+        p = dataclasses.replace(p, max_new_tokens=output_cap)
     prompt_ids = None
     if p.truncate is not None and not engine.truncates_prompt and tokenizer is not None:
         prompt_ids = tokenizer.encode(p.inputs)[-p.truncate:]  # TGI keeps the last tokens
@@ -235,8 +261,8 @@ def _tgi_on_openai(request: GenerationRequest, engine: Engine, model: str,
 
 
 def _completions_on_tgi(request: GenerationRequest, version: str | None,
-                        tokenizer: ModelTokenizer | None) -> Translated:
-    body, plan_ = openai_to_tgi.tgi_body(request.body, request.stream)
+                        tokenizer: ModelTokenizer | None, output_cap: int | None) -> Translated:
+    body, plan_ = openai_to_tgi.tgi_body(capped_body(request, output_cap), request.stream)
     # TGI gives the prompt count in `x-prompt-tokens` (>= 1.4.0) and, for streams, in
     # details.input_length (>= 2.3); else the model's tokenizer counts it, if configured.
     counted = None

@@ -20,16 +20,37 @@ from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
 
 
-def upstream_body(request: GenerationRequest) -> bytes:
-    """The client's body, plus a request for the usage chunk on OpenAI streams (token truth).
+def capped_body(request: GenerationRequest, output_cap: int | None) -> dict[str, Any]:
+    """The client's body, asking for at most ``output_cap`` output tokens when admission
+    capped it (``output_past_window: cap``); the request's own body is never changed."""
+    body = request.body
+    if output_cap is None:
+        return body
+    if request.api is Api.TGI:
+        return {**body, "parameters": {**body["parameters"], "max_new_tokens": output_cap}}
+    body = dict(body)  # keys keep their places: the same bytes as the body edited in place
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = output_cap
+        body.pop("max_tokens", None)
+    else:
+        body["max_tokens"] = output_cap
+    return body
+
+
+def upstream_body(request: GenerationRequest, output_cap: int | None = None) -> bytes:
+    """The client's body (capped, see ``capped_body``), plus a request for the usage chunk on
+    OpenAI streams (token truth).
 
     Continuous usage stats count only with ``include_usage`` (vLLM, SGLang): a client that
     asked for them alone gets none, so they are not asked for on its behalf either.
     """
     if request.api is Api.OPENAI and request.stream and not request.wants_usage:
-        options = {**(request.body.get("stream_options") or {}), "include_usage": True}
+        body = capped_body(request, output_cap)
+        options = {**(body.get("stream_options") or {}), "include_usage": True}
         options.pop("continuous_usage_stats", None)
-        return orjson.dumps({**request.body, "stream_options": options})
+        return orjson.dumps({**body, "stream_options": options})
+    if output_cap is not None:
+        return orjson.dumps(capped_body(request, output_cap))
     return request.raw
 
 
@@ -62,10 +83,11 @@ def _text_or_none(value: Any) -> str | None:
 class PassThrough:
     """The translation that translates nothing (``gateway.protocol.translate.Translation``)."""
 
-    __slots__ = ("request",)
+    __slots__ = ("request", "output_cap")
 
-    def __init__(self, request: GenerationRequest) -> None:
+    def __init__(self, request: GenerationRequest, output_cap: int | None = None) -> None:
         self.request = request
+        self.output_cap = output_cap  # admission's (``output_past_window: cap``), if any
 
     @property
     def path(self) -> str:
@@ -73,7 +95,7 @@ class PassThrough:
 
     @property
     def body(self) -> bytes:
-        return upstream_body(self.request)
+        return upstream_body(self.request, self.output_cap)
 
     def reader(self) -> "EventReader":
         request = self.request

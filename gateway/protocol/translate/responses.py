@@ -87,7 +87,9 @@ class ResponsesPassThrough(PassThrough):
 
     @property
     def body(self) -> bytes:
-        return self.request.raw
+        if self.output_cap is None:
+            return self.request.raw
+        return orjson.dumps({**self.request.body, "max_output_tokens": self.output_cap})
 
     def reader(self) -> ResponsesStream:
         return ResponsesStream()

@@ -4,6 +4,7 @@ of the readers that translate them."""
 from __future__ import annotations
 
 from gateway.protocol.errors import UpstreamUnavailable
+from gateway.upstream.failure import FailureKind
 from gateway.protocol.usage import Usage
 
 
@@ -78,4 +79,4 @@ def malformed(exc: Exception) -> UpstreamUnavailable:
     """An engine answer that cannot be translated: a broken upstream, reported as such (an
     error event mid-stream; before the first token, a retry elsewhere)."""
     return UpstreamUnavailable(f"the replica's answer could not be translated: "
-                               f"{type(exc).__name__}: {exc}")
+                               f"{type(exc).__name__}: {exc}", FailureKind.BAD_RESPONSE)

@@ -14,8 +14,7 @@ from gateway.access.keys import ApiKey
 from gateway.access.limits import LocalLimiter, duration
 from gateway.access.secret import bearer, hash_secret, new_secret
 from gateway.config import AuthConfig, ConfigError, KeyLimits, load_settings
-from gateway.protocol.errors import Api
-from gateway.protocol.request import Caller, GenerationRequest
+from gateway.protocol.request import Caller
 from gateway.protocol.usage import Usage
 
 
@@ -29,10 +28,6 @@ class Clock:
 
 def api_key(**limits: int) -> ApiKey:
     return ApiKey("k", hash_secret("s"), None, 1.0, KeyLimits(**limits))
-
-
-def request() -> GenerationRequest:
-    return GenerationRequest(Api.OPENAI, "/v1/completions", {}, b"{}", "m", False, 10)
 
 
 def test_secrets_and_bearer() -> None:
@@ -101,28 +96,26 @@ def test_admission_sets_caller_and_settles_once() -> None:
         access.authenticate(b"Bearer wrong")
     key = access.authenticate(b"Bearer s")
     with pytest.raises(ModelNotAllowed):
-        asyncio.run(access.admit(key, request(), "other", 10, 10))
-    req = request()
-    grant = asyncio.run(access.admit(key, req, "m", 100, 400))
-    assert req.caller == Caller("team", 3.0)
+        asyncio.run(access.admit(key, "other", 10, 10))
+    grant = asyncio.run(access.admit(key, "m", 100, 400))
+    assert key.caller == Caller("team", 3.0)  # the edge's context carries it on
     assert dict(grant.headers)[b"x-ratelimit-remaining-tokens"] == b"500"
     grant.settle(Usage(80, 20))  # 400 back
     grant.settle(Usage(80, 20))  # a second settle changes nothing
-    again = asyncio.run(access.admit(key, request(), "m", 100, 800))
+    again = asyncio.run(access.admit(key, "m", 100, 800))
     assert dict(again.headers)[b"x-ratelimit-remaining-tokens"] == b"0"
     with pytest.raises(RateLimited) as limited:
-        asyncio.run(access.admit(key, request(), "m", 1, 1))
+        asyncio.run(access.admit(key, "m", 1, 1))
     assert limited.value.status == 429 and "retry-after" in limited.value.headers
     again.settle(None)  # no answer: all of it back
-    assert asyncio.run(access.admit(key, request(), "m", 450, 450)).reserved == 900  # 100 used
+    assert asyncio.run(access.admit(key, "m", 450, 450)).reserved == 900  # 100 used
 
 
 def test_keys_off_changes_nothing() -> None:
     access = AccessControl(None)
     assert access.authenticate(None) is None
-    req = request()
-    grant = asyncio.run(access.admit(None, req, "m", 1, 1))
-    assert req.caller is None and grant.headers == []
+    grant = asyncio.run(access.admit(None, "m", 1, 1))
+    assert grant.headers == []
 
 
 @pytest.mark.parametrize("auth, words", [

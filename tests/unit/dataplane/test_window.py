@@ -11,6 +11,8 @@ from gateway.protocol.openai import parse_chat, parse_completion
 from gateway.protocol.tgi import parse_generate
 from gateway.tokens import ModelTokenizer
 from gateway.dataplane.admission import admit
+from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate import plan
 
 import orjson
 
@@ -106,28 +108,41 @@ def test_expected_output_without_max_tokens_is_the_documented_estimate(tokenizer
     assert admit(model, completion("hi", None), model.replicas).cost.output_tokens == 256
 
 
+def _engine_body(request: GenerationRequest, engine: str, cap: int | None) -> dict:
+    """The body the relay sends a replica of ``engine`` (a TGI request on vLLM: translated)."""
+    return orjson.loads(plan(request, engine, None, "m", None, None, cap).body)
+
+
 def test_cap_serves_output_past_the_window_with_max_tokens_lowered(
         tokenizer: ModelTokenizer) -> None:
     """``output_past_window: cap``: the prompt fits, the output asked for does not: served by
     the replica with the most room, with max_tokens lowered to that room in the body the
-    engine gets (OpenAI and TGI); a prompt too long alone is still a 400."""
+    engine gets (OpenAI and TGI, passed through or translated), while the parsed request
+    still says what the client asked; a prompt too long alone is still a 400."""
     prompt_tokens = tokenizer.count_text(PROMPT, add_special_tokens=True)
     model = served(tokenizer, [prompt_tokens + 20, prompt_tokens + 30])
     model.cap_output = True
     request = completion(PROMPT, 100)
+    raw, body = request.raw, orjson.loads(request.raw)
     admitted = admit(model, request, model.replicas)
     assert [r.name for r in admitted.replicas] == ["r1"]
-    assert request.max_tokens == 30 and orjson.loads(request.raw)["max_tokens"] == 30
-    assert admitted.cost.output_tokens == 30
+    assert admitted.output_cap == 30 and admitted.cost.output_tokens == 30
+    assert _engine_body(request, "vllm", admitted.output_cap) == {**body, "max_tokens": 30}
+    assert request.max_tokens == 100 and request.raw == raw and request.body == body
     chat_request = parse_chat(orjson.dumps({"model": "m", "max_completion_tokens": 500,
                                             "messages": [{"role": "user", "content": PROMPT}]}))
-    admit(model, chat_request, model.replicas)
-    assert "max_tokens" not in orjson.loads(chat_request.raw)
-    assert orjson.loads(chat_request.raw)["max_completion_tokens"] == chat_request.max_tokens < 500
+    cap = admit(model, chat_request, model.replicas).output_cap
+    sent = _engine_body(chat_request, "vllm", cap)
+    assert "max_tokens" not in sent and sent["max_completion_tokens"] == cap < 500
+    assert chat_request.max_tokens == 500
     tgi = parse_generate(orjson.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 99}}),
                          False)
-    admit(model, tgi, model.replicas)
-    assert orjson.loads(tgi.raw)["parameters"]["max_new_tokens"] == tgi.max_tokens < 99
+    cap = admit(model, tgi, model.replicas).output_cap
+    assert cap is not None and cap < 99
+    assert _engine_body(tgi, "tgi", cap)["parameters"]["max_new_tokens"] == cap
+    assert _engine_body(tgi, "vllm", cap)["max_tokens"] == cap  # translated to /v1/completions
+    assert tgi.max_tokens == 99 and tgi.body["parameters"]["max_new_tokens"] == 99
+    assert _engine_body(tgi, "tgi", None)["parameters"]["max_new_tokens"] == 99  # uncapped
     with pytest.raises(ContextLengthExceeded):  # the prompt alone does not fit
         admit(served(tokenizer, [prompt_tokens]), completion(PROMPT, 5),
               served(tokenizer, [prompt_tokens]).replicas)
@@ -162,28 +177,28 @@ async def test_a_long_prompt_is_counted_off_the_event_loop_and_exactly(
         short = completion(PROMPT, 10)
         assert admitter.prepare(short) is None  # nothing to wait for: counted in place
         request = completion(long, 11)
-        await admitter.prepare(request)
+        prepared = await admitter.prepare(request)
         assert threads and threading.main_thread() not in threads
-        assert request.prompt_counts == [exact]
+        assert prepared.prompt_counts == [exact]
         threads.clear()
-        _, admission = admitter.admit(request)
+        _, admission = admitter.admit(request, prepared=prepared)
         assert not threads  # not counted again
         assert admission.cost.prompt_tokens == exact and admission.prompt_tokens_exact
         assert [r.name for r in admission.replicas] == ["r1"]  # 11 more do not fit r0
         refused = completion(long, exact + 1)
-        await admitter.prepare(refused)
+        prepared = await admitter.prepare(refused)
         with pytest.raises(ContextLengthExceeded) as err:
-            admitter.admit(refused)
+            admitter.admit(refused, prepared=prepared)
         assert err.value.prompt_tokens == exact and err.value.limit == exact * 2
         # A long chat: rendered and counted in the thread too.
         messages = chat(long, 5)
-        await admitter.prepare(messages)
-        assert messages.prompt_counts == [tokenizer.count_chat([{"role": "user", "content": long}])]
+        prepared = await admitter.prepare(messages)
+        assert prepared.prompt_counts == [tokenizer.count_chat([{"role": "user", "content": long}])]
         # Long, but the one-token-per-byte bound fits every window: nothing to count.
         roomy = served(tokenizer, [len(long) * 4])
         fits = completion(long, 16)
-        await Admitter({"m": roomy}, "m", PoolSplit()).prepare(fits)
-        assert fits.prompt_counts is None
+        prepared = await Admitter({"m": roomy}, "m", PoolSplit()).prepare(fits)
+        assert prepared.prompt_counts is None
     finally:
         del tokenizer.count_text
 

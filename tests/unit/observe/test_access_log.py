@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from gateway.config import AccessLogConfig
-from gateway.dataplane.outcome import CONNECT, Attempt, Outcomes, RequestRecord
+from gateway.upstream.failure import FailureKind
+from gateway.dataplane.outcome import Attempt, Outcomes, Refusal, RequestRecord
 from gateway.fleet.replica import Replica
 from gateway.observe.access_log import AccessLog, entry, trace_id_of
 from gateway.protocol.errors import Api
@@ -36,7 +37,7 @@ def served(traceparent: bytes | None = None) -> RequestRecord:
                       record.arrival)  # type: ignore[arg-type]
         record.attempts.append(one)
     failed, ok = record.attempts
-    failed.end(502, CONNECT)
+    failed.end(502, FailureKind.CONNECT)
     ok.answered, ok.first_at, ok.last_at = True, 10.5, 11.5
     ok.usage = Usage(20, 5, "length")
     ok.end(200)
@@ -74,17 +75,17 @@ def test_a_bad_traceparent_gives_no_trace_id(bad: bytes) -> None:
 
 def test_a_refused_request_has_its_error_and_no_replica() -> None:
     record = RequestRecord("r", Api.OPENAI, "/v1/completions", 1.0, status=400,
-                           error="context_length_exceeded", ended_at=1.001)
+                           refusal=Refusal("context_length", "m", Api.OPENAI), ended_at=1.001)
     line = entry(record, 100.0, 1.001)
     assert line["replica"] is None and line["attempts"] == 0 and line["retries"] == 0
-    assert line["error"] == "context_length_exceeded" and line["status"] == 400
+    assert line["error"] == "context_length" and line["status"] == 400
 
 
 async def test_lines_are_written_whole_after_the_interval_and_sampled(tmp_path: Path) -> None:
     path = tmp_path / "access.log"
     log = AccessLog(AccessLogConfig(enabled=True, path=str(path), flush_interval=0.05))
     outcomes = Outcomes([log])
-    assert outcomes.requests and not outcomes.sends
+    assert outcomes.ends and not outcomes.starts and not outcomes.sends
     for _ in range(3):
         outcomes.request_ended(served())
     assert not path.exists() or path.read_bytes() == b""  # in memory until the interval

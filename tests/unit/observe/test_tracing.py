@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind
 
 from gateway.config import ConfigError, TracingConfig
-from gateway.dataplane.outcome import HTTP_5XX, Attempt, Outcomes, RequestRecord
+from gateway.upstream.failure import FailureKind
+from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
 from gateway.fleet.replica import Replica
 from gateway.observe.tracing import Tracing, from_config
 from gateway.protocol.errors import Api
@@ -55,7 +56,7 @@ def served_with_retry(outcomes: Outcomes, traceparent: bytes | None = None) -> R
     first = attempt(record, "r0", 100.002, queued=0.001)
     header = outcomes.sending(first, record)
     assert header and header[0][0] == b"traceparent"
-    first.end(502, HTTP_5XX)
+    first.end(502, FailureKind.HTTP_5XX)
     first.ended_at = 100.005
     outcomes.ended(first)
     second = attempt(record, "r1", 100.010)
@@ -84,7 +85,7 @@ def test_a_retried_request_is_one_trace_with_sibling_attempts_and_the_engine_hea
     assert all(s.parent.span_id == root.context.span_id for s in attempts)  # siblings
     assert {s.context.trace_id for s in exporter.get_finished_spans()} == {root.context.trace_id}
     failed, served = sorted(attempts, key=lambda s: s.start_time)
-    assert failed.attributes["error.type"] == HTTP_5XX and not failed.status.is_ok
+    assert failed.attributes["error.type"] == "http_5xx" and not failed.status.is_ok
     assert served.attributes["gen_ai.usage.input_tokens"] == 12
     assert served.attributes["gen_ai.usage.output_tokens"] == 11
     assert served.attributes["gen_ai.response.finish_reasons"] == ("stop",)

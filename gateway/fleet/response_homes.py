@@ -3,8 +3,9 @@ request that continues one (``previous_response_id``) or reads it (``GET
 /v1/responses/{id}``) must reach the replica that stored it; any other replica would answer
 404, or worse, a wrong conversation.
 
-The home of each response is recorded when its attempt ends (the ``Homes`` listener reads the
-id the answer carried) and looked up at admission, which pins the request to that replica.
+The home of each response is recorded when its attempt ends (the ``ResponseHomesRecord``
+outcome listener, registered at wiring, reads the id the answer carried) and looked up at
+admission, which pins the request to that replica.
 One instance keeps them in process (bounded, oldest forgotten first); with ``redis_url``
 every instance shares them in Redis (``{prefix}response:{id}``, expiring after
 ``ttl``): one read per request that names a previous response, one write per stored
@@ -17,8 +18,6 @@ import asyncio
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
-
-from gateway.dataplane.outcome import Attempt, Listener
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -73,14 +72,3 @@ class ResponseHomes:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
 
-
-class Homes(Listener):
-    """Records the home of each response an attempt stored (its answer named one)."""
-
-    def __init__(self, homes: ResponseHomes) -> None:
-        self.homes = homes
-
-    def ended(self, attempt: Attempt) -> None:
-        stored = attempt.usage.stored_id
-        if stored is not None and attempt.answered and not attempt.request.shadow:
-            self.homes.record(stored, attempt.replica.name)
