@@ -1,7 +1,7 @@
 """The client's side of a generation request: its body, and noticing that it left.
 
 Under uvicorn's httptools server (what ``llm-gateway serve`` runs) both are read off the
-request's cycle, with no task or timer of their own: a body that is already in (the usual
+request's cycle (``gateway.api.uvicorn_cycle``), with no task or timer of their own: a body that is already in (the usual
 case: the request fits one read) is taken without arming the slow-client timer, and a
 disconnect is seen through the event uvicorn sets when the connection is lost. Under any
 other ASGI server the same is done through ``receive``: a timer on the body, and a task
@@ -14,12 +14,8 @@ import asyncio
 from types import TracebackType
 from typing import Callable
 
+from gateway.api.uvicorn_cycle import DisconnectWatch, body_is_in, httptools_cycle
 from gateway.protocol.errors import InvalidRequest
-
-try:  # uvicorn's httptools protocol: receive/send are methods of the request's cycle
-    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as HttptoolsCycle
-except ImportError:  # pragma: no cover - uvicorn without httptools
-    HttptoolsCycle = None  # type: ignore[assignment,misc]
 
 Receive = Callable
 
@@ -41,17 +37,11 @@ class SlowClient(InvalidRequest):
         super().__init__(f"the request body did not arrive within {seconds:g}s")
 
 
-def httptools_cycle(asgi_callable: Callable) -> "HttptoolsCycle | None":
-    """The uvicorn httptools cycle behind ``receive`` or ``send``, if that is the server."""
-    cycle = getattr(asgi_callable, "__self__", None)
-    return cycle if HttptoolsCycle is not None and type(cycle) is HttptoolsCycle else None
-
-
 async def read_body(receive: Receive, timeout: float, limit: int = MAX_BODY_BYTES) -> bytes:
     """The whole request body; raises SlowClient if it takes longer than ``timeout``,
     BodyTooLarge past ``limit``, CancelledError if the client disconnects first."""
     cycle = httptools_cycle(receive)
-    if cycle is not None and not cycle.more_body and not cycle.disconnected:
+    if cycle is not None and body_is_in(cycle):
         return await _read_body(receive, limit)  # all in already: returns without waiting
     try:
         async with asyncio.timeout(timeout):
@@ -86,7 +76,7 @@ class cancel_on_disconnect:  # noqa: N801 - used as a context manager, like asyn
     def __init__(self, receive: Receive) -> None:
         self.receive = receive
         self.gone = asyncio.Event()
-        self._event: _DisconnectEvent | None = None
+        self._event: DisconnectWatch | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> asyncio.Event:
@@ -95,7 +85,7 @@ class cancel_on_disconnect:  # noqa: N801 - used as a context manager, like asyn
         self.task = task
         cycle = httptools_cycle(self.receive)
         if cycle is not None:
-            self._event = _DisconnectEvent.install(cycle, self._left)
+            self._event = DisconnectWatch.install(cycle, self._left)
         else:
             self._watcher = asyncio.create_task(self._watch())
         return self.gone
@@ -120,39 +110,3 @@ class cancel_on_disconnect:  # noqa: N801 - used as a context manager, like asyn
         while (await self.receive())["type"] != "http.disconnect":
             pass
         self._left()
-
-
-class _DisconnectEvent(asyncio.Event):
-    """Takes the place of the cycle's ``message_event``, which uvicorn sets when the
-    connection is lost (as well as when body arrives or the response completes): calls back
-    once the cycle says the client is gone."""
-
-    def __init__(self, cycle: "HttptoolsCycle", callback: Callable[[], None]) -> None:
-        super().__init__()
-        self.cycle: HttptoolsCycle | None = cycle
-        self.callback: Callable[[], None] | None = callback
-
-    @classmethod
-    def install(cls, cycle: "HttptoolsCycle", callback: Callable[[], None]) -> "_DisconnectEvent":
-        event = cls(cycle, callback)
-        if cycle.message_event.is_set():
-            super(_DisconnectEvent, event).set()
-        cycle.message_event = event
-        if cycle.disconnected:  # already gone: noticed on the next loop turn, as receive would
-            asyncio.get_running_loop().call_soon(event._check)
-        return event
-
-    def set(self) -> None:
-        super().set()
-        self._check()
-
-    def unwatch(self) -> None:
-        """No more callback; and no reference back to the cycle, whose event this stays
-        (without that cycle, each request's objects wait for the garbage collector)."""
-        self.callback = self.cycle = None
-
-    def _check(self) -> None:
-        callback, cycle = self.callback, self.cycle
-        if callback is not None and cycle is not None and cycle.disconnected:
-            self.callback = None
-            callback()

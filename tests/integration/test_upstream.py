@@ -446,33 +446,41 @@ async def test_an_answer_nobody_asked_for_closes_the_idle_connection() -> None:
     await pool.close()
 
 
-def test_under_a_uvicorn_whose_cycle_differs_answers_take_uvicorns_own_start(
+def test_under_a_uvicorn_whose_cycle_differs_everything_goes_through_asgi(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cycle without the state the one-write start sets (a future uvicorn, say) is never
-    written to directly; the check is made once."""
-    from types import SimpleNamespace
+    """A cycle without the attributes ``uvicorn_cycle`` uses (a future uvicorn, say) is never
+    read or written: ``receive`` and ``send`` are used as any ASGI server's; checked once."""
+    from gateway.api import uvicorn_cycle
 
-    import gateway.api.client_sink as client_sink
+    class Cycle:  # the httptools cycle, less one attribute used
+        def send(self) -> None:
+            pass
 
-    monkeypatch.setattr(client_sink, "_cycle_known", None)
-    state = {name: None for name in client_sink._CYCLE_STATE if name != "default_headers"}
-    assert not client_sink._can_start(SimpleNamespace(**state), 200)  # type: ignore[arg-type]
-    assert client_sink._cycle_known is False
+    monkeypatch.setattr(uvicorn_cycle, "HttptoolsCycle", Cycle)
+    monkeypatch.setattr(uvicorn_cycle, "_cycle_known", None)
+    cycle = Cycle()
+    for name in uvicorn_cycle._USED[1:]:
+        setattr(cycle, name, None)
+    assert uvicorn_cycle.httptools_cycle(cycle.send) is None
+    assert uvicorn_cycle._cycle_known is False
+    cycle.more_body = False
+    monkeypatch.setattr(uvicorn_cycle, "_cycle_known", None)
+    assert uvicorn_cycle.httptools_cycle(cycle.send) is cycle  # with them all: used
 
 
 def test_uvicorn_is_a_release_the_sink_was_checked_against() -> None:
-    """The sink writes a response's start through uvicorn's private cycle state, as checked
-    against CHECKED_UVICORN; pyproject pins uvicorn to that range. A uvicorn outside it
-    (a pin moved without checking) fails here, and the sink keeps uvicorn's own start."""
+    """``gateway.api.uvicorn_cycle`` reads uvicorn's private cycle state as checked against
+    CHECKED_UVICORN; pyproject pins uvicorn to that range. A uvicorn outside it (a pin moved
+    without checking) fails here, and the gateway keeps to ASGI under it."""
     import tomllib
 
     import uvicorn
 
-    from gateway.api import client_sink
+    from gateway.api import uvicorn_cycle
     from support import ROOT
 
-    low, high = client_sink.CHECKED_UVICORN
+    low, high = uvicorn_cycle.CHECKED_UVICORN
     pin = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
                ["dependencies"] if d.startswith("uvicorn"))
     assert pin.endswith(f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"), pin
-    assert client_sink.uvicorn_checked(), f"uvicorn {uvicorn.__version__} was not checked"
+    assert uvicorn_cycle.uvicorn_checked(), f"uvicorn {uvicorn.__version__} was not checked"
