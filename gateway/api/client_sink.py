@@ -1,10 +1,11 @@
 """How an answer reaches the client: a whole body, or a stream's start, events and end.
 
-A response starts and ends through ASGI ``send``, so uvicorn frames it and keeps its
-keep-alive and pipelining exact. Under uvicorn's httptools server (what ``llm-gateway serve``
-runs) a stream's chunks are then written straight onto the connection's transport as HTTP/1.1
-chunks, from the relay's upstream read callback: one ``transport.write`` per upstream read,
-with no ASGI message, coroutine or task switch per event (``gateway.api.uvicorn_cycle``).
+Under uvicorn's httptools server (what ``llm-gateway serve`` runs) the status line and
+headers go out in the same write as the whole body or a stream's first token, and a stream's
+chunks are written straight onto the connection's transport as HTTP/1.1 chunks, from the
+relay's upstream read callback: one ``transport.write`` per upstream read, with no ASGI
+message, coroutine or task switch per event (``gateway.api.uvicorn_cycle``). The response
+ends through ASGI ``send`` as usual, so uvicorn's keep-alive and pipelining stay exact.
 
 Under any other ASGI server the stream goes through ``send``: writes are queued and one task
 sends them, coalescing what arrived while the previous send was in progress.
@@ -15,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Protocol
 
-from gateway.api.uvicorn_cycle import chunked_transport, httptools_cycle
+from gateway.api.uvicorn_cycle import (can_write_head, chunked_transport, httptools_cycle,
+                                      transport_of, write_head)
 from gateway.dataplane.reply import Sink
 
 Send = Callable
@@ -37,8 +39,11 @@ async def open_stream(send: Send, status: int, headers: list[tuple[bytes, bytes]
                       first: bytes) -> ClientSink:
     """Start a streamed (chunked) response with ``first`` as its first chunk; the sink takes
     the rest."""
-    await send({"type": "http.response.start", "status": status, "headers": headers})
     cycle = httptools_cycle(send)
+    if cycle is not None and status not in (204, 304) and can_write_head(cycle, status):
+        write_head(cycle, status, headers, None, first)
+        return _TransportSink(*transport_of(cycle), send)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     transport = chunked_transport(cycle) if cycle is not None else None
     sink = _TransportSink(*transport, send) if transport is not None else _SendSink(send)
     sink.write(first)
@@ -47,7 +52,12 @@ async def open_stream(send: Send, status: int, headers: list[tuple[bytes, bytes]
 
 async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]],
                      body: bytes) -> None:
-    """A whole answer (``content-length``)."""
+    """A whole answer (``content-length``): head and body in one write."""
+    cycle = httptools_cycle(send)
+    if cycle is not None and can_write_head(cycle, status):
+        write_head(cycle, status, headers, len(body), body)
+        await send({"type": "http.response.body", "body": b""})  # uvicorn ends the exchange
+        return
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
