@@ -78,3 +78,22 @@ def slug(heading: str) -> str:
     """The anchor Python-Markdown's toc extension gives a heading (its default slugify)."""
     text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
     return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_performance_page_is_todays_figures_and_their_commands() -> None:
+    """Today's figures, each beside the command that made it, in under 250 lines; the
+    run-by-run history is the results log beside the benchmarks."""
+    page = (DOCS / "performance.md").read_text()
+    assert len(page.splitlines()) < 250
+    assert "`benchmarks/RESULTS.md`" in page and (ROOT / "benchmarks" / "RESULTS.md").exists()
+    sections = re.split(r"\n## ", page)[1:]
+    for section in sections:  # every section of figures names how to reproduce them
+        title = section.splitlines()[0]
+        if title != "Sizing a deployment":  # arithmetic on the sections below
+            assert "python -m benchmarks." in section or "llm-gateway bench" in section, title
+
+
+def test_every_page_opens_with_what_its_reader_wants_to_do() -> None:
+    for page in nav_pages():
+        opening = (DOCS / page).read_text().split("\n\n")[1]  # the paragraph under the title
+        assert re.match(r"(You want|To \w+) ", opening), (page, opening[:120])
