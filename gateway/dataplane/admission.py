@@ -62,7 +62,6 @@ class Admission:
     adapter: str | None = None  # ``name`` when it is a LoRA adapter (a replica lists a parent)
     output_cap: int | None = None  # max output tokens lowered to fit (output_past_window: cap)
     prompt_counts: list[int] | None = None  # the prompts' exact token counts, when taken
-    pinned: str | None = None  # the one replica that may serve it (a stored Response's)
     plan: TranslationPlan | None = None  # what translation parsed of it (TGI requests)
 
 
@@ -313,5 +312,5 @@ class Admitter:
         admission = admit(model, request, speakers, context, prepared.prompt_counts)
         admission.name, admission.adapter = name, (
             name if self.names.parent(name, model) is not None else None)
-        admission.pinned, admission.plan = pinned, parsed
+        admission.plan = parsed
         return model, admission
