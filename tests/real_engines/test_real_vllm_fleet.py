@@ -179,8 +179,12 @@ def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
         running = [Stream(gateway, 960) for _ in range(8)]
         wait_until(lambda: sum(s.replica == "victim" for s in running) >= 2, 60,
                    "streams on the victim")
-        wait_until(lambda: victim.metric("vllm:num_requests_running") >= 1, 30,
-                   "the victim to generate")
+        # Mid-stream on the victim: a stream whose first token came is still open there (the
+        # gateway's own count; the engine's running gauge, scraped under load, was seen to
+        # miss it for 30 s).
+        wait_until(lambda: replicas(gateway)["victim"]["in_flight"] >= 1, 30,
+                   lambda: f"a stream open on the victim: {replicas(gateway)['victim']}, "
+                           f"engine running {victim.metric('vllm:num_requests_running')}")
         victim.kill()
         after = [Stream(gateway, 20) for _ in range(8)]  # sent after the kill
         for s in running + after:
