@@ -215,11 +215,13 @@ def test_sigterm_drains_real_streams(engines: list[Engine], tmp_path: Path) -> N
         streams = [Stream(gateway, 960) for _ in range(6)]  # still running when checked
         for s in streams:
             assert s.started.wait(60)
-        # All six in flight when the signal comes (a stream refused or already over would
-        # leave nothing to drain, and the gateway would rightly exit at once).
+        # Streams still in flight when the signal comes: with none, the gateway would rightly
+        # exit at once. On a loaded machine the engine starts them seconds apart and the first
+        # can end (960 tokens in 2-3 s) before the last starts (seen: all six whole by then),
+        # so the signal goes as soon as every one has started and any is still running.
         wait_until(lambda: httpx.get(gateway + "/admin/runtime", headers=ADMIN).json()
-                   ["active_requests"] == 6, 30,
-                   lambda: f"six streams in flight: {[(s.status, s.events[-2:]) for s in streams]}")
+                   ["active_requests"] >= 1, 30,
+                   lambda: f"a stream in flight: {[(s.status, s.events[-2:]) for s in streams]}")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: httpx.get(gateway + "/ready").status_code == 503, 5, "/ready 503")
         refused = httpx.post(gateway + "/v1/completions",
