@@ -49,6 +49,8 @@ from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.discovery import discover_window
 from gateway.fleet.dns_discovery import DnsDiscovery
 from gateway.fleet.engine_signals import SignalScraper
+from gateway.kvcache.feeds import KvEventFeeds
+from gateway.kvcache.metrics import KvEventMetrics
 from gateway.fleet.health import HealthChecker
 from gateway.fleet.membership import Fleet
 from gateway.fleet.model import build_models
@@ -143,6 +145,7 @@ class Gateway:
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
+        self.kv_feeds: KvEventFeeds | None = None  # kv_events: subscribed at start
         self.draining = False
         self.active_requests = 0  # generation requests inside the gateway now
         self._tasks: list[asyncio.Task] = []
@@ -183,6 +186,13 @@ class Gateway:
                                      lambda name: self.ledger.load(name).in_flight,
                                      scheduling.signals_interval, scheduling.signals_timeout)
         self._tasks.append(asyncio.create_task(self.signals.run(), name="engine-signals"))
+        # kv_events: what each vLLM engine holds, from its KV-cache events (gateway/kvcache).
+        if self.settings.kv_events.enabled:
+            self.kv_feeds = KvEventFeeds(lambda: self.replicas, self.settings.kv_events,
+                                         KvEventMetrics(self.metrics.registry)
+                                         if self.settings.metrics else None)
+            self.kv_feeds.reconcile()
+            self._tasks.append(asyncio.create_task(self.kv_feeds.run(), name="kv-events"))
         if self.shared is not None:
             await self.shared.start(self.metrics)
             self._tasks.append(asyncio.create_task(self.shared.run(), name="shared-state"))
@@ -252,6 +262,8 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.kv_feeds is not None:
+            await self.kv_feeds.close()
         if self.fleet_samples is not None:
             await self.fleet_samples.close()
         if self.shared is not None:

@@ -39,6 +39,10 @@ class ReplicaConfig(_Strict):
     engine: Engine = "vllm"
     max_model_len: int | None = Field(None, ge=1)
     name: str | None = None
+    kv_events: str | None = Field(None, description="with `url`: the engine's KV event "
+                                  "publisher, e.g. tcp://10.0.0.5:5557 (else the `kv_events` "
+                                  "section's port rule)")
+    kv_replay: str | None = Field(None, description="with `kv_events`: its replay socket")
 
     @model_validator(mode="after")
     def _url_or_host_or_dns(self) -> "ReplicaConfig":
@@ -51,6 +55,11 @@ class ReplicaConfig(_Strict):
             raise ValueError("`dns` and `port` go together")
         if self.dns is not None and "gpus" in self.model_fields_set:
             raise ValueError("`dns` gives one replica per address: no `gpus`")
+        if self.url is None and self.kv_events is not None:
+            raise ValueError("`kv_events` names one engine's publisher: only with `url` (a "
+                             "`host` or `dns` entry uses the `kv_events` section's port rule)")
+        if self.kv_replay is not None and self.kv_events is None:
+            raise ValueError("`kv_replay` goes with `kv_events`")
         return self
 
     def expand(self) -> list["ReplicaConfig"]:
@@ -204,6 +213,30 @@ class SchedulingConfig(_Strict):
                                        "completed requests of the model actually generated "
                                        "for a like max_tokens, not the whole ask (any "
                                        "token-based policy); false = the ask")
+
+
+class KvEventsConfig(_Strict):
+    """Precise prefix-cache routing from the engines' KV-cache events (vLLM
+    ``--kv-events-config``; docs/kv-events.md). Every gateway instance subscribes to every
+    engine. A replica's publisher is its own ``kv_events`` endpoint, else its host and a
+    port: ``port`` (the same on every replica: one engine per pod) or the replica's HTTP
+    port + ``port_offset`` (one engine per GPU on a host)."""
+
+    enabled: bool = Field(False, description="subscribe to the events of every vLLM replica")
+    port: int | None = Field(None, ge=1, le=65535, description="the publisher's port on every "
+                             "replica's host; unset = HTTP port + port_offset")
+    port_offset: int = Field(1000, ge=-65535, le=65535)
+    replay_port: int | None = Field(None, ge=1, le=65535, description="the replay socket's "
+                                    "port; unset = HTTP port + replay_port_offset")
+    replay_port_offset: int | None = Field(2000, ge=-65535, le=65535, description="null = "
+                                           "the engines have no replay socket")
+    topic: str = Field("kv", description="the engines' `topic`")
+    stale_after: float = Field(5.0, gt=0, description="seconds after blocks were sent to a "
+                               "replica with no event since, when its events count as stopped "
+                               "(it falls back to the approximate index)")
+    pending_seconds: float = Field(2.0, ge=0, description="seconds the blocks of a request "
+                                   "just sent count as held there, before the engine "
+                                   "announces them")
 
 
 class CanaryThresholds(_Strict):
@@ -416,6 +449,7 @@ class Settings(BaseSettings):
     default_model: str | None = None
     balancer: str = "least_expected_work"
     scheduling: SchedulingConfig = SchedulingConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
     redis_url: str | None = None
     # Shared state (with redis_url; docs/deploy.md "Several instances"): every key under the prefix.
     redis_key_prefix: str = Field("llm-gateway:", min_length=1)

@@ -19,7 +19,10 @@ random):
 - **Requests as well as tokens.** A batched engine's step time grows with the sequences it
   runs, not with the tokens each has left, so each request in flight adds
   ``request_tokens`` (1,024: measured on two timing models, docs/performance.md "Scheduling").
-- **Prefix affinity.** ``PrefixIndex`` remembers which prompt blocks each replica was sent
+- **Prefix affinity.** Where a replica's engine publishes its KV-cache events and they are
+  live (``gateway/kvcache``), what it holds is known exactly: the leading blocks of this
+  prompt its engine announced (or was sent in the last ``pending_seconds``). Elsewhere
+  ``PrefixIndex`` guesses: it remembers which prompt blocks each replica was sent
   (bounded LRU per replica, recorded at selection). A replica that holds this prompt's prefix
   scores lower by ``prefix_weight`` output tokens per cached prompt token: the prefill it
   skips, plus what keeping a prefix on one replica is worth beyond that (the hit does not
@@ -78,17 +81,27 @@ class LeastExpectedWork(Policy):
         blocks = cost.prefix_blocks if w.prefix_weight > 0 else ()
         # Hashed blocks cover the prompt up to its last partial block.
         tokens_per_block = cost.prompt_tokens / (len(blocks) + 0.5) if blocks else 0.0
+        prompt = cost.prompt_keys if w.prefix_weight > 0 else None
+        exact: dict[str, int] = {}  # replica -> blocks its engine holds (live events only)
         sticky = self.sessions.get(cost.session) if cost.session and w.session_tokens else None
         now = self.clock()
+
+        def cached_tokens(replica: Replica) -> float:
+            held = replica.kv_cache
+            if prompt is not None and held is not None and held.live(now):
+                exact[replica.name] = matched = held.matched(prompt, now)
+                return matched * held.block_size  # type: ignore[operator]
+            if blocks:
+                return self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
+            return 0.0
 
         def score(replica: Replica) -> float:
             load = ledger.load(replica.name)
             outstanding = load.outstanding_tokens
             total = (outstanding - load.prefill_tokens + w.request_tokens * load.in_flight
                      + w.prefill_weight * (load.prefill_tokens + cost.prompt_tokens))
-            if blocks:
-                cached = self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
-                total -= w.prefix_weight * min(cached, cost.prompt_tokens)
+            if blocks or prompt is not None:
+                total -= w.prefix_weight * min(cached_tokens(replica), cost.prompt_tokens)
             if w.signals_weight and replica.signals is not None:
                 total += w.signals_weight * self._engine_work(replica.signals, outstanding, now)
             if replica.name == sticky:
@@ -96,8 +109,10 @@ class LeastExpectedWork(Policy):
             return total
 
         chosen = pick_lowest(replicas, score, self.rng)
-        if blocks:
+        if blocks:  # kept warm for when events stop
             self.prefixes.record(chosen.name, blocks)
+        if prompt is not None and chosen.kv_cache is not None and chosen.name in exact:
+            chosen.kv_cache.note_sent(prompt, exact[chosen.name], now)
         if cost.session and w.session_tokens:
             self.sessions[cost.session] = chosen.name
             self.sessions.move_to_end(cost.session)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from gateway.balance import POLICIES
 from gateway.balance.ledger import LoadLedger
 from gateway.fleet.replica import Replica
+from gateway.kvcache.index import PromptKeys
 
 T = TypeVar("T")
 
@@ -29,6 +30,9 @@ class RequestCost:
     # replica that served the same prefix recently may still have in its prefix cache.
     prefix_blocks: tuple[int, ...] = ()
     session: str | None = None  # the client's session (x-session-id header or OpenAI `user`)
+    # The prompt's token ids keyed as the engines' KV events key blocks: set when a replica
+    # that could serve it publishes its KV events (gateway/kvcache).
+    prompt_keys: PromptKeys | None = None
 
 
 class Policy:

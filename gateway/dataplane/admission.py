@@ -28,6 +28,7 @@ from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.fleet.response_homes import ResponseHomes
 from gateway.fleet.served_names import ServedNames
+from gateway.kvcache.index import PromptKeys
 from gateway.protocol.errors import Api, ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.protocol.request import MAX_SESSION_CHARS, NO_CONTEXT, Context, GenerationRequest
 from gateway.protocol.responses import ResponseNotFound
@@ -48,6 +49,7 @@ class Prepared:
 
     pinned: str | None = None  # the one replica that may serve it (where its Response lives)
     prompt_counts: list[int] | None = None  # its prompts' exact token counts, when taken
+    prompt_ids: list[int] | None = None  # its one prompt's token ids, when taken (KV events)
 
 
 @dataclass(slots=True)
@@ -89,6 +91,12 @@ class _Prompt:
         if self.ids is not None:
             return len(self.ids)
         return tokenizer.count_text(self.text or "", self.add_special_tokens)
+
+    def token_ids(self, tokenizer: ModelTokenizer) -> list[int]:
+        """The ids the engine will see (its chat template rendered, as for counting)."""
+        if self.ids is not None:
+            return self.ids
+        return tokenizer.encode(self.text or "", self.add_special_tokens)
 
     def estimate(self) -> int:
         if self.ids is not None:
@@ -174,10 +182,25 @@ def _capped(model: ServedModel, candidates: list[Replica],
     return [r for r in candidates if room.get(id(r)) == most], most
 
 
+def _keyed_by_events(tokenizer: ModelTokenizer | None, prompts: list[_Prompt],
+                     candidates: list[Replica]) -> bool:
+    """Does precise prefix routing need this prompt's token ids? One prompt, a tokenizer,
+    and a candidate whose engine's KV events the gateway follows."""
+    return (tokenizer is not None and len(prompts) == 1
+            and any(r.kv_cache is not None for r in candidates))
+
+
+def _cache_salt(request: GenerationRequest) -> str | None:
+    salt = request.body.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
 def admit(model: ServedModel, request: GenerationRequest, candidates: list[Replica],
-          context: Context = NO_CONTEXT, counts: list[int] | None = None) -> Admission:
+          context: Context = NO_CONTEXT, counts: list[int] | None = None,
+          prompt_ids: list[int] | None = None, adapter: str | None = None) -> Admission:
     """Check the window against ``candidates``; raise ContextLengthExceeded when none fits.
-    ``counts``: the prompts' exact token counts, if already taken."""
+    ``counts``, ``prompt_ids``: the prompts' exact token counts, the one prompt's ids, if
+    already taken; ``adapter``: the LoRA adapter served (part of a KV block's key)."""
     tokenizer = model.tokenizer
     prompts = _prompts(request, tokenizer)
     max_tokens = request.max_tokens
@@ -185,6 +208,11 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
     # A pooling request (max_tokens 0) costs its input alone.
     output_tokens = (max_tokens if max_tokens is not None else model.default_output_tokens) * fanout
     affinity = _affinity(request, context, prompts)
+    keys = None
+    if _keyed_by_events(tokenizer, prompts, candidates):
+        ids = prompt_ids if prompt_ids is not None else prompts[0].token_ids(tokenizer)
+        keys = PromptKeys(ids, adapter, _cache_salt(request))
+        counts = counts or [len(ids)]
 
     if tokenizer is None:
         estimate = sum(p.estimate() for p in prompts)
@@ -200,7 +228,7 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
     if counts is None:
         if _bound_fits(model, tokenizer, prompts, candidates, max_tokens):
             return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens,
-                                         *affinity), candidates, False)
+                                         *affinity, keys), candidates, False)
         counts = [p.count(tokenizer) for p in prompts]
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
@@ -214,21 +242,25 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
         windows = [w for w in (model.window(r) for r in candidates) if w is not None]
         limit = max(windows) if windows else longest
         raise ContextLengthExceeded(limit, longest, max_tokens, request.api, request.is_chat)
-    return Admission(RequestCost(sum(counts), output_tokens, *affinity), fitting, True,
+    return Admission(RequestCost(sum(counts), output_tokens, *affinity, keys), fitting, True,
                      output_cap=cap, prompt_counts=counts)
 
 
-def exact_counts(model: ServedModel, serving: list[Replica],
-                 request: GenerationRequest) -> list[int] | None:
-    """The prompts' exact token counts if ``admit`` would need them for one of ``serving``
-    (None: no tokenizer, or the one-token-per-byte bound fits every one of them)."""
+def exact_tokens(model: ServedModel, serving: list[Replica],
+                 request: GenerationRequest) -> Prepared:
+    """What ``admit`` would tokenize for one of ``serving``: the one prompt's ids when
+    precise prefix routing needs them, else the prompts' exact counts unless the
+    one-token-per-byte bound fits every replica (or there is no tokenizer)."""
     tokenizer = model.tokenizer
     if tokenizer is None:
-        return None
+        return NOT_PREPARED
     prompts = _prompts(request, tokenizer)
+    if _keyed_by_events(tokenizer, prompts, serving):
+        ids = prompts[0].token_ids(tokenizer)
+        return Prepared(prompt_counts=[len(ids)], prompt_ids=ids)
     if _bound_fits(model, tokenizer, prompts, serving, request.max_tokens):
-        return None
-    return [p.count(tokenizer) for p in prompts]
+        return NOT_PREPARED
+    return Prepared(prompt_counts=[p.count(tokenizer) for p in prompts])
 
 
 class Admitter:
@@ -258,7 +290,7 @@ class Admitter:
     async def _prepare(self, request: GenerationRequest) -> Prepared:
         if self.adapters is not None and request.model in self.loadable:
             await self.adapters.ensure(*self.resolve(request.model, request.api))
-        pinned = counts = None
+        pinned, tokens = None, NOT_PREPARED
         previous = request.previous_response_id
         if previous is not None:  # pinned where it lives (raises when that is unknown)
             pinned = await self.homes.home(previous) if self.homes is not None else None
@@ -267,8 +299,8 @@ class Admitter:
         if len(request.raw) >= COUNT_OFF_LOOP_BYTES:  # after the adapter: its name resolves
             model, name = self.resolve(request.model, request.api)
             serving = list(model.replicas_for(name))  # read on the loop, which changes it
-            counts = await asyncio.to_thread(exact_counts, model, serving, request)
-        return Prepared(pinned, counts)
+            tokens = await asyncio.to_thread(exact_tokens, model, serving, request)
+        return Prepared(pinned, tokens.prompt_counts, tokens.prompt_ids)
 
     def model_for(self, name: str | None, api: Api) -> ServedModel:
         """The model serving ``name`` (see ``resolve``)."""
@@ -309,8 +341,9 @@ class Admitter:
         speakers = servable(request, serving, model.tokenizer is not None, parsed)
         # The pool: forced by the client, else any that takes primary traffic (canary split).
         speakers = self.split.candidates(model, request, context, speakers)
-        admission = admit(model, request, speakers, context, prepared.prompt_counts)
-        admission.name, admission.adapter = name, (
-            name if self.names.parent(name, model) is not None else None)
+        adapter = name if self.names.parent(name, model) is not None else None
+        admission = admit(model, request, speakers, context, prepared.prompt_counts,
+                          prepared.prompt_ids, adapter)
+        admission.name, admission.adapter = name, adapter
         admission.plan = parsed
         return model, admission

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gateway.engines.signals import EngineSignals, SignalMetrics, read_signals
+from gateway.kvcache.events import EventBatch
 from gateway.protocol.errors import Api
 
 
@@ -85,6 +86,10 @@ class Engine:
     pooling_routes: frozenset[str] = frozenset()
     tgi_routes: frozenset[str] = frozenset()  # TGI-protocol routes (TGI's own /tokenize)
     serves_responses: bool = False  # POST /v1/responses
+
+    # --- KV-cache events (gateway/kvcache): reads one published payload (raises
+    # MalformedBatch); None: the engine publishes none the gateway can read ---
+    decode_kv_events: Callable[[bytes], EventBatch] | None = None
 
     # --- a TGI client on this engine (gateway/protocol/translate/tgi_request.py) ---
     # TGI parameter -> the /v1/completions field(s) it becomes; absent or None: no

@@ -22,6 +22,7 @@ class EngineSignals:
     lora_running: frozenset[str] | None = None
     lora_waiting: frozenset[str] | None = None
     max_lora: int | None = None
+    kv_blocks: int | None = None  # blocks of KV cache the engine has (vllm:cache_config_info)
 
     @property
     def requests(self) -> int | None:

@@ -1,7 +1,8 @@
 """vLLM (``vllm serve``): every OpenAI route plus pooling, score, tokenize and Responses; LoRA
 adapters listed on /v1/models and loaded at run time; the richest TGI mapping (token ids,
-prompt logprobs, its own truncation). Home of vLLM-only features (KV events,
-``kv_transfer_params``) as they come.
+prompt logprobs, its own truncation). Home of vLLM-only features: the wire of its KV-cache
+events (``decode_kv_batch``, ``encode_kv_batch``; gateway/kvcache subscribes to them) and
+``kv_transfer_params`` as it comes.
 
 Load signals: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before 0.9); with LoRA also
@@ -18,10 +19,15 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+import msgpack
+
 from gateway.engines.base import OPENAI_TGI_PARAMETERS, Engine
 from gateway.engines.signals import EngineSignals, SignalMetrics
+from gateway.kvcache.events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
+                                    KvEvent, MalformedBatch)
 
 LORA_INFO = "vllm:lora_requests_info"
+CACHE_INFO = "vllm:cache_config_info"
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -54,6 +60,125 @@ def parse_lora_info(text: str) -> tuple[frozenset[str], frozenset[str], int | No
             int(max_lora) if max_lora.isdigit() else None)
 
 
+# --- KV-cache events (vllm/distributed/kv_events.py; ENGINE-WIRE.md "vLLM 0.32 KV cache events")
+# A batch is ``[ts, [events...], data_parallel_rank]``. Since 2026 each event is a map with a
+# ``type`` key; before, a positional array led by its type name, fields in declaration order
+# (``lora_name`` and what follows were appended over releases, so trailing ones may be absent).
+_POSITIONAL = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                    "medium", "lora_name", "extra_keys"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+
+def _hash(value: Any) -> int | bytes:
+    if isinstance(value, (int, bytes)) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"block hash {value!r}")
+
+
+def _frozen(value: Any) -> Any:
+    """msgpack arrays as tuples, so extra keys can be hashed."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _kv_event(raw: Any) -> KvEvent:
+    """One event in either encoding; ValueError (or a TypeError/KeyError) when unreadable."""
+    if isinstance(raw, list) and raw and isinstance(raw[0], str):
+        kind = raw[0]
+        fields = dict(zip(_POSITIONAL.get(kind, ()), raw[1:]))
+    elif isinstance(raw, dict):
+        kind, fields = raw.get("type"), raw
+    else:
+        raise ValueError("not an event")
+    if kind == "BlockStored":
+        hashes = tuple(_hash(h) for h in fields["block_hashes"])
+        parent = fields.get("parent_block_hash")
+        tokens = tuple(fields["token_ids"])
+        size = fields["block_size"]
+        if (not isinstance(size, int) or size < 1 or len(tokens) != size * len(hashes)
+                or not all(isinstance(t, int) for t in tokens)):
+            raise ValueError("token ids do not fill the blocks")
+        extra = fields.get("extra_keys")
+        if extra is not None and len(extra) != len(hashes):
+            raise ValueError("extra keys do not match the blocks")
+        lora = fields.get("lora_name")
+        return BlockStored(hashes, None if parent is None else _hash(parent), tokens, size,
+                           lora if isinstance(lora, str) else None,
+                           None if extra is None else tuple(_frozen(e) for e in extra),
+                           fields.get("medium"))
+    if kind == "BlockRemoved":
+        return BlockRemoved(tuple(_hash(h) for h in fields["block_hashes"]), fields.get("medium"))
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raise ValueError(f"unknown event type {kind!r}")
+
+
+def decode_kv_batch(payload: bytes) -> EventBatch:
+    """A published payload: MalformedBatch when it is no batch; events that cannot be read
+    are left out and named in ``dropped``."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        ts, events = float(raw[0]), raw[1]
+        rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
+        if not isinstance(events, list):
+            raise TypeError("events")
+    except Exception as exc:  # anything msgpack or the shape can raise
+        raise MalformedBatch(f"not an event batch: {type(exc).__name__}") from None
+    good, dropped = [], []
+    for raw_event in events:
+        try:
+            good.append(_kv_event(raw_event))
+        except (ValueError, TypeError, KeyError) as exc:
+            kind = raw_event.get("type") if isinstance(raw_event, dict) else (
+                raw_event[0] if isinstance(raw_event, list) and raw_event else None)
+            dropped.append("unknown" if str(exc).startswith("unknown event")
+                           else f"malformed {kind}" if isinstance(kind, str) else "malformed")
+    return EventBatch(ts, tuple(good), rank, tuple(dropped))
+
+
+def _event_map(event: KvEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored):
+        return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": list(event.token_ids), "block_size": event.block_size,
+                "lora_id": None, "medium": event.medium, "lora_name": event.lora_name,
+                "extra_keys": ([list(e) if e is not None else None for e in event.extra_keys]
+                               if event.extra_keys is not None else None),
+                "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    if isinstance(event, BlockRemoved):
+        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes),
+                "medium": event.medium}
+    return {"type": "AllBlocksCleared"}
+
+
+def _event_array(event: KvEvent) -> list[Any]:
+    fields = _event_map(event)
+    kind = fields["type"]
+    return [kind, *(fields[name] for name in _POSITIONAL[kind])]
+
+
+def encode_kv_batch(ts: float, events: list[KvEvent], rank: int | None = 0,
+                    positional: bool = False) -> bytes:
+    """The payload vLLM 0.32 publishes for these events (``positional``: the older array
+    encoding). The simulator publishes with it; tests build recorded-style samples."""
+    encode = _event_array if positional else _event_map
+    return msgpack.packb([ts, [encode(e) for e in events], rank], use_bin_type=True)
+
+
+def parse_kv_blocks(text: str) -> int | None:
+    """The engine's KV blocks (GPU and offloaded CPU), from ``vllm:cache_config_info``."""
+    at = text.find(CACHE_INFO + "{")
+    if at == -1:
+        return None
+    end = text.find("}", at)
+    labels = dict(_LABEL.findall(text[at + len(CACHE_INFO) + 1:end]))
+    blocks = [int(labels[k]) for k in ("num_gpu_blocks", "num_cpu_blocks")
+              if labels.get(k, "").isdigit()]
+    return sum(blocks) or None
+
+
 class VLLM(Engine):
     name = "vllm"
     title = "vLLM"
@@ -64,6 +189,7 @@ class VLLM(Engine):
     pooling_routes = frozenset({"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
                                 "/rerank", "/v1/rerank", "/tokenize", "/detokenize"})
     serves_responses = True
+    decode_kv_events = staticmethod(decode_kv_batch)  # with --kv-events-config
 
     tgi_parameters = MappingProxyType({
         **OPENAI_TGI_PARAMETERS,
@@ -92,6 +218,9 @@ class VLLM(Engine):
     def parse_signals(self, text: str, scraped_at: float = 0.0,
                       ledger_in_flight: int = 0) -> EngineSignals:
         signals = super().parse_signals(text, scraped_at, ledger_in_flight)
+        kv_blocks = parse_kv_blocks(text) if CACHE_INFO in text else None
+        if kv_blocks is not None:
+            signals = replace(signals, kv_blocks=kv_blocks)
         lora = parse_lora_info(text) if LORA_INFO in text else None
         if lora is None:
             return signals

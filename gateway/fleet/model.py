@@ -82,7 +82,9 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
             if replica is None:
                 replica = known[name] = Replica(name=name, url=url, engine=replica_config.engine,
                                                 model=config.name, pool=pool_config.name,
-                                                max_model_len=replica_config.max_model_len)
+                                                max_model_len=replica_config.max_model_len,
+                                                kv_events=replica_config.kv_events,
+                                                kv_replay=replica_config.kv_replay)
             elif ((replica.url, replica.engine, replica.pool)
                   != (url.rstrip("/"), replica_config.engine, pool_config.name)):
                 # One engine, one pool: the canary split and its metrics name the pool.

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.engines import Engine, EngineSignals, get as engine_named
+from gateway.kvcache.index import ReplicaBlocks
 
 __all__ = ["EngineSignals", "Replica", "REPLICA_STATES"]
 
@@ -33,6 +34,11 @@ class Replica:
     # Names the engine lists on /v1/models -> their `parent` (a LoRA adapter's base model;
     # None for a base name or an alias). Empty until discovered (gateway/fleet/served_names).
     served_names: dict[str, str | None] = field(default_factory=dict)
+    # Its engine's KV-cache events (gateway/kvcache): where they are published, when the
+    # config names it, and what they say the engine holds (None: not subscribed).
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    kv_cache: ReplicaBlocks | None = field(default=None, repr=False)
     profile: Engine = field(init=False, repr=False)  # what its engine is and does (engines/)
 
     def __post_init__(self) -> None:
