@@ -23,6 +23,7 @@ class EngineSignals:
     lora_waiting: frozenset[str] | None = None
     max_lora: int | None = None
     kv_blocks: int | None = None  # blocks of KV cache the engine has (vllm:cache_config_info)
+    kv_block_size: int | None = None  # tokens per block (the same)
 
     @property
     def requests(self) -> int | None:

@@ -167,16 +167,18 @@ def encode_kv_batch(ts: float, events: list[KvEvent], rank: int | None = 0,
     return msgpack.packb([ts, [encode(e) for e in events], rank], use_bin_type=True)
 
 
-def parse_kv_blocks(text: str) -> int | None:
-    """The engine's KV blocks (GPU and offloaded CPU), from ``vllm:cache_config_info``."""
+def parse_cache_config(text: str) -> tuple[int | None, int | None]:
+    """The engine's KV blocks (GPU and offloaded CPU) and block size, from
+    ``vllm:cache_config_info`` (None where it does not say)."""
     at = text.find(CACHE_INFO + "{")
     if at == -1:
-        return None
+        return None, None
     end = text.find("}", at)
     labels = dict(_LABEL.findall(text[at + len(CACHE_INFO) + 1:end]))
     blocks = [int(labels[k]) for k in ("num_gpu_blocks", "num_cpu_blocks")
               if labels.get(k, "").isdigit()]
-    return sum(blocks) or None
+    size = labels.get("block_size", "")
+    return sum(blocks) or None, int(size) if size.isdigit() and int(size) > 0 else None
 
 
 class VLLM(Engine):
@@ -218,9 +220,9 @@ class VLLM(Engine):
     def parse_signals(self, text: str, scraped_at: float = 0.0,
                       ledger_in_flight: int = 0) -> EngineSignals:
         signals = super().parse_signals(text, scraped_at, ledger_in_flight)
-        kv_blocks = parse_kv_blocks(text) if CACHE_INFO in text else None
-        if kv_blocks is not None:
-            signals = replace(signals, kv_blocks=kv_blocks)
+        if CACHE_INFO in text:
+            kv_blocks, block_size = parse_cache_config(text)
+            signals = replace(signals, kv_blocks=kv_blocks, kv_block_size=block_size)
         lora = parse_lora_info(text) if LORA_INFO in text else None
         if lora is None:
             return signals

@@ -69,9 +69,11 @@ class KvEventFeeds:
                 feed[1].stats.cleared["health_lost"] += 1
                 blocks.clear()
             self._healthy[name] = replica.healthy
-            signals = replica.signals
-            if signals is not None and signals.kv_blocks:  # the engine's own bound
+            signals = replica.signals  # the engine's own bound and block size
+            if signals is not None and signals.kv_blocks:
                 blocks.capacity = signals.kv_blocks
+            if signals is not None and signals.kv_block_size and blocks.block_size is None:
+                blocks.block_size = signals.kv_block_size  # before its first event
 
     def _subscribe(self, replica: Replica) -> None:
         decode = replica.profile.decode_kv_events

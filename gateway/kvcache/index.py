@@ -90,7 +90,8 @@ class ReplicaBlocks:
         self.stale_after = stale_after
         self.capacity = capacity
         self.clock = clock
-        self.block_size: int | None = None  # the engine's, from its first BlockStored
+        # The engine's: from its /metrics (vLLM's cache_config_info), or its first BlockStored.
+        self.block_size: int | None = None
         self.connected = False  # the subscription is up (set by the subscriber)
         self._blocks: OrderedDict[BlockHash, _Block] = OrderedDict()  # engine hash -> block
         self._held: Counter[int] = Counter()  # key -> engine blocks holding it
