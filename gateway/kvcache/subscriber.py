@@ -4,8 +4,8 @@ socket, feeding the replica's ``ReplicaBlocks``.
 The publisher's protocol (vLLM's ``ZmqEventPublisher``): each message is three frames, the
 topic, an 8-byte big-endian sequence number (0 at the engine's start, one per batch) and the
 payload; the replay socket (ROUTER) answers ``[b"", start]`` with every buffered batch from
-``start`` on, as ``[b"", topic, seq, payload]``, then ``[b"", b"", -1, b""]`` (vLLM 0.32's
-``_service_replay``).
+``start`` on, as ``[b"", topic, seq, payload]`` (vLLM 0.32; before, ``[b"", seq, payload]``:
+both are read), then one with sequence -1.
 
 Sequence numbers keep the index whole:
 - a gap (or a reconnect after a disconnect) asks the replay socket from the last one seen on;
@@ -139,10 +139,12 @@ class EventSubscriber:
                     self._clear("gap")
                     return
                 frames = await dealer.recv_multipart()
-                if len(frames) != 4 or len(frames[2]) != 8:
+                if len(frames) == 4:  # with the topic (vLLM 0.32)
+                    del frames[1]
+                if len(frames) != 3 or len(frames[1]) != 8:
                     self._drop("malformed replay", f"{len(frames)} frames")
                     continue
-                seq = int.from_bytes(frames[2], "big", signed=True)
+                seq = int.from_bytes(frames[1], "big", signed=True)
                 if seq == END_OF_REPLAY:
                     break
                 if first is None:
@@ -150,7 +152,7 @@ class EventSubscriber:
                     if seq > start:  # the engine's buffer no longer holds what we missed
                         self._clear("gap")
                 if self.stats.last_seq is None or seq > self.stats.last_seq:
-                    self._apply(seq, frames[3])
+                    self._apply(seq, frames[2])
         finally:
             dealer.close(0)
         self.stats.replays["ok" if first is None or first <= start else "incomplete"] += 1
