@@ -146,9 +146,11 @@ def test_precise_routing_keeps_each_prefix_where_the_engines_hold_it(
     print("prefix hit share, wall seconds:", {k: (round(s, 3), round(t, 1))
                                               for k, (s, t) in shares.items()})
     share = {k: s for k, (s, _) in shares.items()}
-    # Measured (2026-11-27, two runs): pinned 0.87, precise 0.79, approximate 0.75, round
-    # robin 0.55. Precise is not yet within 5 points of pinning: a prefix nobody holds is
-    # placed by load, ties at random (docs/kv-events.md). What holds in every run is asserted.
+    # Measured (2026-11-27, two runs): pinned 0.87 and 0.87, precise 0.79 and 0.87,
+    # approximate 0.75 and 0.71, round robin 0.55 and 0.55. Precise is not always within 5
+    # points of pinning: a prefix nobody holds is placed by load, ties at random, so one
+    # engine may take more tenants than it holds (docs/kv-events.md). What held in every run
+    # is asserted.
     assert share["precise"] > share["round_robin"] + 0.1, shares
     assert share["precise"] >= share["approximate"] - 0.02, shares
     assert share["precise"] >= share["pinned"] - 0.15, shares
