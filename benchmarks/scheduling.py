@@ -85,10 +85,10 @@ ABLATIONS = (f"{DEFAULT}:prefix_weight=0", f"{DEFAULT}:signals_weight=0")
 # (every request of the workload's mix arriving at once, in virtual time:
 # `python -m benchmarks.scheduling_virtual --saturation`).
 TIMING_MODELS = {
-    "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4},
-    "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0},
+    "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4, "W4": 24.8},
+    "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0, "W4": 27.6},
     # held out: vLLM V1's own scheduler (gateway/sim/vllm_v1.py), step time fitted
-    "llama3-8b-h100-vllm-v1": {"W1": 63.0, "W2": 45.7, "W3": 33.9},
+    "llama3-8b-h100-vllm-v1": {"W1": 63.0, "W2": 45.7, "W3": 33.9, "W4": 33.5},
 }
 DEFAULT_PROFILE = "llama3-8b-a100"
 
@@ -115,9 +115,17 @@ WORKLOADS = {
     "W1": Workload("W1", "mixed lengths", 47.0, 0.8, None, 0.5),
     "W2": Workload("W2", "shared prefixes", 23.5, 0.8, 24000, 1.0),
     "W3": Workload("W3", "both, bursts 50%/110%", 22.4, 0.8, 24000, 1.0),
+    # llm-d's shape: many tenants, each a long prefix; the load ramps past saturation
+    "W4": Workload("W4", "tenants, ramp 20%->150%", 24.8, 0.85, 300000, 0.5),
 }
 BURST_PERIOD = 10.0  # simulated seconds per phase
 PREFIXES, PREFIX_TOKENS = 16, 2000
+# W4: llm-d published 150 tenants with 6,000-token prefixes on 8 vLLM pods; on 4 replicas,
+# 75 tenants. Their 450,000 prefix tokens fit the fleet's KV (4 x 300,000: 37.5%) but not
+# one replica's (1.5x its cache), so only a router that keeps each tenant on few replicas
+# can serve them from cache.
+TENANTS, TENANT_PREFIX_TOKENS = 75, 6000
+RAMP = (0.2, 1.5)  # W4's arrival rate, as shares of saturation, from first request to last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,8 +146,31 @@ def _shared(rng: random.Random, prefixes: list[str]) -> Request:
                    tag=f"prefix{k}")
 
 
+def _tenant(rng: random.Random, prefixes: list[str]) -> Request:
+    """W4: a tenant (uniform) and its prefix, then a short question of its own, short out."""
+    k = rng.randrange(len(prefixes))
+    question = synthetic_prompt(rng.randint(50, 150), rng)
+    return Request(prompt=prefixes[k] + question, max_tokens=rng.randint(30, 100),
+                   tag=f"tenant{k}")
+
+
+def _tenants(w: Workload, n: int, seed: int) -> tuple[list[Request], list[float]]:
+    rng = random.Random(seed)
+    prefixes = [synthetic_prompt(TENANT_PREFIX_TOKENS, random.Random(f"tenant-{seed}-{k}"))
+                for k in range(TENANTS)]
+    requests, arrivals, t = [], [], 0.0
+    low, high = RAMP
+    for i in range(n):  # the rate ramps linearly with the request's place in the schedule
+        t += rng.expovariate(w.saturation * (low + (high - low) * i / max(1, n - 1)))
+        arrivals.append(t)
+        requests.append(_tenant(rng, prefixes))
+    return requests, arrivals
+
+
 def schedule(w: Workload, n: int, seed: int) -> tuple[list[Request], list[float]]:
     """The same requests and arrivals for every row of a workload."""
+    if w.name == "W4":
+        return _tenants(w, n, seed)
     rng = random.Random(seed)
     prefixes = [synthetic_prompt(PREFIX_TOKENS, random.Random(f"prefix-{seed}-{k}"))
                 for k in range(PREFIXES)]
