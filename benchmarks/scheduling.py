@@ -50,6 +50,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -203,16 +204,59 @@ def _get_json(url: str) -> Any:
         return json.loads(r.read())
 
 
+# An `@events` row: the replicas publish KV-cache events on their HTTP port + these (the
+# gateway's default rule, `kv_events.port_offset` and `replay_port_offset`) and the gateway
+# subscribes (`kv_events: {enabled: true}`): precise prefix-cache routing.
+EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET = 1000, 2000
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _events_port() -> int:
+    """A free HTTP port whose event and replay ports (+1000, +2000) are free too."""
+    while True:
+        port = free_port()
+        if port + REPLAY_PORT_OFFSET <= 65535 and all(
+                _port_free(port + k) for k in (EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET)):
+            return port
+
+
+def _sim_publishes_events() -> bool:
+    """The simulator here has ``--kv-events-port`` (it publishes vLLM's KV events)."""
+    out = subprocess.run([sys.executable, "-m", "gateway", "sim", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60).stdout
+    return "--kv-events-port" in out
+
+
+def events_row(row: str) -> tuple[str, bool]:
+    """``policy[:weights][@events]`` -> the row without the flag, and whether it is set."""
+    base, _, flag = row.partition("@")
+    if flag not in ("", "events"):
+        raise ValueError(f"row {row!r}: the wall-clock rows take only @events")
+    return base, flag == "events"
+
+
 @contextlib.contextmanager
-def replicas(w: Workload, tmp: Path) -> Iterator[list[str]]:
-    """Four fresh simulated replicas (empty caches); yields their URLs."""
+def replicas(w: Workload, tmp: Path, events: bool = False) -> Iterator[list[str]]:
+    """Four fresh simulated replicas (empty caches); yields their URLs. ``events``: each
+    publishes its KV-cache events on its HTTP port + 1000 (replay + 2000)."""
     procs, urls = [], []
     try:
         for i in range(REPLICAS):
-            port = free_port()
+            port = _events_port() if events else free_port()
             args = ["sim", "--dialect", "vllm", "--profile", w.profile, "--port", str(port),
                     "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--speed",
                     str(w.speed), "--prefix-cache"]
+            if events:
+                args += ["--kv-events-port", str(port + EVENTS_PORT_OFFSET),
+                         "--kv-replay-port", str(port + REPLAY_PORT_OFFSET)]
             if w.kv_capacity_tokens:
                 args += ["--kv-capacity-tokens", str(w.kv_capacity_tokens)]
             procs.append(_spawn([sys.executable, "-m", "gateway", *args], tmp / f"sim{i}.log"))
@@ -250,12 +294,14 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
                 "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
         ready = f"http://{HOST}:{port}/v1/models"
     else:
-        policy, overrides = _row_settings(row)
+        base, events = events_row(row)
+        policy, overrides = _row_settings(base)
         config = tmp / "gateway.yaml"
         config.write_text(json.dumps({  # JSON is YAML
             "models": [{"name": MODEL, "max_model_len": MAX_MODEL_LEN,
                         "replicas": [{"url": u, "engine": "vllm"} for u in urls]}],
             "balancer": policy, "scheduling": overrides,
+            **({"kv_events": {"enabled": True}} if events else {}),
         }))
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
                "--port", str(port), "--log-level", "warning"]
@@ -269,8 +315,11 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
 
 
 def unavailable(row: str, venv: Path) -> str | None:
-    """Why a peer router's row cannot run here (None: it can)."""
+    """Why a peer router's row, or an `@events` row, cannot run here (None: it can)."""
     if row not in PEER_ROUTERS:
+        if events_row(row)[1] and not _sim_publishes_events():
+            return ("the simulator here has no --kv-events-port (it does not publish KV "
+                    "events)")
         return None
     script = venv / "bin" / PEER_ROUTERS[row][0]
     if not script.exists():
@@ -285,7 +334,8 @@ def unavailable(row: str, venv: Path) -> str | None:
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
             venv: Path) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"gw-sched-{w.name}-"))
-    with replicas(w, tmp) as urls, router(row, urls, tmp, venv) as url:
+    with replicas(w, tmp, events_row(row)[1] if row not in PEER_ROUTERS else False) as urls, \
+            router(row, urls, tmp, venv) as url:
         target = Target(url, api="openai", endpoint="/v1/completions", stream=True, model=MODEL)
         wall_arrivals = [a / w.speed for a in arrivals]
         started = time.monotonic()
