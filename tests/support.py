@@ -167,11 +167,20 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.stderr.close()
 
 
+KV_EVENTS_PORT_OFFSET = 1000  # the gateway's kv_events.port_offset default
+KV_REPLAY_PORT_OFFSET = 2000  # and its replay_port_offset
+
+
 @contextlib.contextmanager
 def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 4096,
-        *extra: str, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+        *extra: str, port: int | None = None, host: str = "127.0.0.1",
+        kv_events: bool = False) -> Iterator[str]:
     """A simulated replica (``llm-gateway sim``) on loopback (any 127.x.y.z ``host``); yields
     its base URL.
+
+    ``kv_events``: it publishes KV cache events on its HTTP port + 1000 and answers replays
+    on + 2000, the gateway's default ``kv_events`` offsets (``extra`` must then name a
+    vllm-v1 profile and ``--prefix-cache``).
 
     A free port can be taken by someone else between our probe and the server's bind, so a
     replica that fails to start is tried once more on another port.
@@ -180,6 +189,9 @@ def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 40
         chosen = port or free_port()
         args = ["sim", "--dialect", dialect, "--host", host, "--port", str(chosen),
                 "--model", model, "--max-model-len", str(max_model_len), *extra]
+        if kv_events:
+            args += ["--kv-events-port", str(chosen + KV_EVENTS_PORT_OFFSET),
+                     "--kv-replay-port", str(chosen + KV_REPLAY_PORT_OFFSET)]
         try:
             server = running(args, f"http://{host}:{chosen}/health")
             server.__enter__()

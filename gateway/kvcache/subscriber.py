@@ -4,7 +4,8 @@ socket, feeding the replica's ``ReplicaBlocks``.
 The publisher's protocol (vLLM's ``ZmqEventPublisher``): each message is three frames, the
 topic, an 8-byte big-endian sequence number (0 at the engine's start, one per batch) and the
 payload; the replay socket (ROUTER) answers ``[b"", start]`` with every buffered batch from
-``start`` on, as ``[b"", seq, payload]``, then a frame with sequence -1.
+``start`` on, as ``[b"", topic, seq, payload]`` (vLLM 0.32; before, ``[b"", seq, payload]``:
+both are read), then one with sequence -1.
 
 Sequence numbers keep the index whole:
 - a gap (or a reconnect after a disconnect) asks the replay socket from the last one seen on;
@@ -138,6 +139,8 @@ class EventSubscriber:
                     self._clear("gap")
                     return
                 frames = await dealer.recv_multipart()
+                if len(frames) == 4:  # with the topic (vLLM 0.32)
+                    del frames[1]
                 if len(frames) != 3 or len(frames[1]) != 8:
                     self._drop("malformed replay", f"{len(frames)} frames")
                     continue

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 import orjson
+import zmq
 
 from gateway.sim import textgen
 from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respond_json, start_stream,
@@ -22,6 +23,7 @@ from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
 from gateway.sim.engine import make_engine
 from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
+from gateway.sim.kv_publisher import KvEventPublisher, PublisherConfig
 from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.pooling import PoolingRoutes
@@ -64,6 +66,7 @@ class SimConfig:
     max_loras: int = 1                   # vLLM --max-loras (adapters in one batch)
     runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
     runner: str = "generate"             # vLLM --runner: generate, or pooling (embeddings ...)
+    kv_events: PublisherConfig | None = None  # vLLM --kv-events-config: publish KV events
 
 
 class SimApp:
@@ -75,7 +78,10 @@ class SimApp:
         self.dialect: Dialect = make_dialect(cfg.dialect, cfg.vllm_flat_errors, cfg.tgi_sse_no_space or old_sse)
         self.faults = cfg.faults
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
-        self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache)
+        self.kv_publisher = (KvEventPublisher(cfg.kv_events, cfg.faults)
+                             if cfg.kv_events is not None else None)
+        self.engine = make_engine(cfg.profile, self.meter, cfg.faults, cfg.speed, cfg.prefix_cache,
+                                  self.kv_publisher)
         self.names = SimNames(cfg.model, cfg.aliases, cfg.lora_modules, cfg.max_loras,
                               cfg.runtime_lora)
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
@@ -159,10 +165,19 @@ class SimApp:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
+                    if self.kv_publisher is not None:
+                        try:
+                            self.kv_publisher.start()
+                        except zmq.ZMQError as exc:  # its port is taken
+                            await send({"type": "lifespan.startup.failed",
+                                        "message": f"KV events: {exc}"})
+                            return
                     self.engine.start()
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await self.engine.stop()
+                    if self.kv_publisher is not None:
+                        await self.kv_publisher.stop()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
 
@@ -187,8 +202,11 @@ class SimApp:
         """Generate ``job`` and answer: streamed through ``stream`` or as ``body(pieces, seq)``."""
         self._admit()
         engine = self.engine
-        hashes = block_hashes(job.prompt_ids, self.cfg.profile.block_size) if self.cfg.prefix_cache else ()
-        seq = Sequence(job.prompt_tokens, job.max_new, job.finish_reason, hashes)
+        hashes = (block_hashes(job.prompt_ids, self.cfg.profile.block_size, job.lora_name,
+                               job.cache_salt) if self.cfg.prefix_cache else ())
+        seq = Sequence(job.prompt_tokens, job.max_new, job.finish_reason, hashes,
+                       tuple(job.prompt_ids) if self.kv_publisher is not None else (),
+                       job.lora_name, job.cache_salt)
         pieces = job.choices[0].pieces  # streams: one choice
         self.meter.requests_received += 1
         self.in_flight += 1
@@ -490,7 +508,8 @@ class SimApp:
             "preemptions_total": m.preemptions, "prefix_cache_hit_tokens": m.prefix_hits,
             "ttft_count": m.ttft.count, "ttft_sum_s": m.ttft.sum,
             "dialect": self.cfg.dialect, "profile": self.cfg.profile.name, "speed": self.cfg.speed,
-            "faults": self.faults.as_dict()})
+            "faults": self.faults.as_dict(),
+            "kv_events": self.kv_publisher.state() if self.kv_publisher is not None else None})
 
     async def get_faults(self, req: Request) -> None:
         await respond_json(req.send, 200, self.faults.as_dict())

@@ -20,7 +20,9 @@ simulator-only endpoints:
   GET  /sim/faults   the current faults
   POST /sim/faults   change faults at run time, e.g. {"fail_health": true} or
                      {"error_rate": 0.5, "error_status": 503} or {"stall_after": null}
-                     (names as the fault flags below, with _ for -)
+                     (names as the fault flags below, with _ for -); with KV events also
+                     {"kv_garbage": N} (N malformed messages among the next batches) and
+                     {"kv_skip": N} (the next N batches left out of the live stream only)
 
 Times in the engine's metrics are simulated seconds (wall seconds x --speed).
 
@@ -29,6 +31,8 @@ examples:
   llm-gateway sim --dialect tgi --port 8002 --model llama-3-8b --max-model-len 8192 --profile paced
   llm-gateway sim --dialect vllm --port 8003 --model m --max-model-len 2048 --speed 20 \\
       --kv-capacity-tokens 4096 --prefix-cache
+  llm-gateway sim --dialect vllm --port 8004 --profile llama3-8b-h100-vllm-v1 --prefix-cache \\
+      --kv-events-port 9004 --kv-replay-port 10004     # KV cache events, as vLLM publishes them
 """
 
 from __future__ import annotations
@@ -98,6 +102,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--itl-ms", type=float, help="paced profile: delay between tokens")
     timing.add_argument("--prefix-cache", action="store_true",
                         help="cache prompt blocks (LRU, bounded by KV capacity); cached prefixes skip prefill")
+
+    kv = parser.add_argument_group(
+        "KV cache events (vLLM --kv-events-config; with --dialect vllm, a vllm-v1 profile and "
+        "--prefix-cache)")
+    kv.add_argument("--kv-events-port", type=int, metavar="P",
+                    help="publish the blocks the prefix cache stores and evicts on a ZMQ PUB "
+                         "socket bound on tcp://HOST:P, in vLLM 0.32's wire (topic, sequence "
+                         "number, msgpack batch); one batch per engine step with events. "
+                         "Fleet helpers use HTTP port + 1000 (the gateway's kv_events.port_offset)")
+    kv.add_argument("--kv-replay-port", type=int, metavar="R",
+                    help="with --kv-events-port: a ROUTER socket on tcp://HOST:R answering "
+                         "replay requests from the last 10,000 batches (HTTP port + 2000 by "
+                         "the gateway's replay_port_offset)")
+    kv.add_argument("--kv-events-topic", default="kv",
+                    help="the topic frame of every message (default kv)")
+    kv.add_argument("--kv-events-positional", action="store_true",
+                    help="the older event encoding: each event a positional array "
+                         "[\"BlockStored\", ...] instead of a map with \"type\"")
 
     wire = parser.add_argument_group("wire variants")
     wire.add_argument("--vllm-flat-errors", action="store_true",
@@ -169,6 +191,7 @@ def build_config(args: argparse.Namespace):
                     stall_after=args.stall_after, drop_after=args.drop_after, slowdown=args.slowdown,
                     rng=random.Random(args.fault_seed))
     check(faults.as_dict())
+    kv_events = _kv_events(args, profile.kind)
     tokenizer_dir = str(args.tokenizer or builtin_model_dir())
     return SimConfig(
         dialect=args.dialect, model=args.model, max_model_len=args.max_model_len, profile=profile,
@@ -181,7 +204,30 @@ def build_config(args: argparse.Namespace):
         stream_interval=max(args.stream_interval, 1),
         tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed,
         aliases=args.alias, lora_modules=_lora_modules(args.lora_modules), max_loras=args.max_loras,
-        runtime_lora=args.allow_runtime_lora, runner=args.runner)
+        runtime_lora=args.allow_runtime_lora, runner=args.runner, kv_events=kv_events)
+
+
+def _kv_events(args: argparse.Namespace, kind: str):
+    """The KV event publisher's configuration, or None without --kv-events-port."""
+    from gateway.sim.kv_publisher import PublisherConfig, tcp
+
+    if args.kv_events_port is None:
+        if args.kv_replay_port is not None:
+            raise ValueError("--kv-replay-port goes with --kv-events-port")
+        return None
+    if args.dialect != "vllm" or kind != "vllm-v1" or not args.prefix_cache:
+        raise ValueError("--kv-events-port needs --dialect vllm, a vllm-v1 --profile (e.g. "
+                         "llama3-8b-h100-vllm-v1) and --prefix-cache: the events are vLLM's, "
+                         "made by its V1 block pool's prefix cache")
+    for flag, port in (("--kv-events-port", args.kv_events_port),
+                       ("--kv-replay-port", args.kv_replay_port)):
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"{flag} must be a TCP port (1-65535)")
+    if args.kv_replay_port is not None and args.kv_replay_port == args.kv_events_port:
+        raise ValueError("--kv-replay-port must differ from --kv-events-port")
+    replay = tcp(args.host, args.kv_replay_port) if args.kv_replay_port is not None else None
+    return PublisherConfig(tcp(args.host, args.kv_events_port), replay, args.kv_events_topic,
+                           args.kv_events_positional)
 
 
 def _lora_modules(specs: list[str]) -> dict[str, str]:

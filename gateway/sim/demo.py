@@ -22,9 +22,12 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import load_settings
+from gateway.engines import get as get_engine
 from gateway.sim.model_dir import builtin_model_dir
 
 MODEL = "demo-llama-3-8b"
+KV_EVENTS_PORT_OFFSET = 1000  # the gateway's kv_events.port_offset default
+KV_REPLAY_PORT_OFFSET = 2000  # and its replay_port_offset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--balancer", default="least_outstanding_tokens")
     parser.add_argument("--duration", type=float, default=None,
                         help="stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="vLLM replicas publish KV cache events (HTTP port + 1000, replay "
+                             "+ 2000) and the gateway routes on them; needs a vllm-v1 --profile")
     parser.add_argument("--no-examples", action="store_true",
                         help="do not run the three examples at start")
 
@@ -88,10 +94,13 @@ def run(args: argparse.Namespace) -> int:
     procs, replicas = [], []
     for gpu, engine in enumerate(engines):
         port = _free_port()
+        kv = (["--prefix-cache", "--kv-events-port", str(port + KV_EVENTS_PORT_OFFSET),
+               "--kv-replay-port", str(port + KV_REPLAY_PORT_OFFSET)]
+              if args.kv_events and get_engine(engine).decode_kv_events is not None else [])
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "gateway", "sim", "--dialect", engine, "--port", str(port),
              "--model", MODEL, "--max-model-len", str(args.max_model_len),
-             "--tokenizer", model_dir, "--profile", args.profile],
+             "--tokenizer", model_dir, "--profile", args.profile, *kv],
             stdout=subprocess.DEVNULL))
         replicas.append({"url": f"http://127.0.0.1:{port}", "engine": engine,
                          "name": f"gpu{gpu}-{engine}"})
@@ -100,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
             _wait(replica["url"] + "/health")
         settings = load_settings(None, models=[{"name": MODEL, "tokenizer": model_dir,
                                                 "replicas": replicas}],
-                                 balancer=args.balancer, port=args.port)
+                                 balancer=args.balancer, port=args.port,
+                                 **({"kv_events": {"enabled": True}} if args.kv_events else {}))
         server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
                                                port=args.port, log_level="warning",
                                                loop="uvloop", http="httptools"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.sim.faults import Faults
+from gateway.sim.kv_publisher import KvEventPublisher
 from gateway.sim.metrics import Gauges, Meter
 from gateway.sim.profiles import Profile
 from gateway.sim.scheduler import BatchScheduler, Sequence
@@ -65,12 +66,13 @@ class BatchedEngine:
     delays = True
 
     def __init__(self, profile: Profile, meter: Meter, faults: Faults, speed: float = 1.0,
-                 prefix_cache: bool = False) -> None:
+                 prefix_cache: bool = False, publisher: KvEventPublisher | None = None) -> None:
         self.profile = profile
         self.meter = meter
         self.faults = faults
         self.clock = _Clock(speed)
-        self.sched = make_scheduler(profile, meter, prefix_cache)
+        self.sched = make_scheduler(profile, meter, prefix_cache, kv_events=publisher is not None)
+        self.publisher = publisher  # a batch of KV events after each step that made some
         self.uses_prefix_cache = prefix_cache
         self.sim_now = 0.0          # end of the last completed step (or idle time)
         self.step_end = 0.0         # end of the step in flight
@@ -118,6 +120,10 @@ class BatchedEngine:
             self.step_end = self.sim_now + duration
             await asyncio.sleep(max(0.0, self.clock.wall_until(self.step_end)))
             self.sim_now = self.step_end
+            if self.publisher is not None:
+                events = sched.take_kv_events()
+                if events:
+                    await self.publisher.publish(events)
             for s in emitting:
                 if not s.aborted:
                     s.visible = s.generated
@@ -253,17 +259,23 @@ class InstantEngine:
                 "prefix_cache": False}
 
 
-def make_scheduler(profile: Profile, meter: Meter, prefix_cache: bool = False) -> BatchScheduler:
-    """The pure scheduling model of a profile: ours, or vLLM V1's (``vllm_v1.py``)."""
+def make_scheduler(profile: Profile, meter: Meter, prefix_cache: bool = False,
+                   kv_events: bool = False) -> BatchScheduler:
+    """The pure scheduling model of a profile: ours, or vLLM V1's (``vllm_v1.py``, the one
+    that makes KV events)."""
     if profile.kind == "vllm-v1":
-        return V1Scheduler(profile, meter, prefix_cache)
+        return V1Scheduler(profile, meter, prefix_cache, kv_events)
+    if kv_events:
+        raise ValueError("KV cache events need a vllm-v1 profile")
     return BatchScheduler(profile, meter, prefix_cache)
 
 
 def make_engine(profile: Profile, meter: Meter, faults: Faults, speed: float = 1.0,
-                prefix_cache: bool = False) -> Engine:
+                prefix_cache: bool = False, publisher: KvEventPublisher | None = None) -> Engine:
+    if profile.kind in ("instant", "paced") and publisher is not None:
+        raise ValueError("KV cache events need a vllm-v1 profile")
     if profile.kind == "instant":
         return InstantEngine(profile, meter)
     if profile.kind == "paced":
         return PacedEngine(profile, meter, faults, speed)
-    return BatchedEngine(profile, meter, faults, speed, prefix_cache)
+    return BatchedEngine(profile, meter, faults, speed, prefix_cache, publisher)

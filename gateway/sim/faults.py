@@ -2,6 +2,9 @@
 
 The JSON names equal the flag names with ``_`` for ``-``: ``fail_health``, ``error_rate``,
 ``error_status``, ``stall_after``, ``drop_after``, ``slowdown``. ``null`` clears a token fault.
+Two more, run time only, for a replica that publishes KV events (``kv_publisher.py``):
+``kv_garbage`` (malformed messages to send) and ``kv_skip`` (batches to leave out of the
+live stream); each counts down as it is done.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Faults:
     stall_after: int | None = None     # stop emitting after N tokens, keep the connection open
     drop_after: int | None = None      # close the connection abruptly after N tokens
     slowdown: float = 1.0              # every simulated delay is multiplied by this
+    kv_garbage: int = 0                # KV events: malformed messages still to send
+    kv_skip: int = 0                   # KV events: batches still to leave out of the live stream
     rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False, compare=False)
 
     def should_fail(self) -> bool:
@@ -59,6 +64,10 @@ def check(values: dict[str, Any]) -> None:
     number("error_rate", 0.0, 1.0)
     if values["error_status"] not in (500, 503):
         raise FaultError("error_status must be 500 or 503")
+    for name in ("kv_garbage", "kv_skip"):
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise FaultError(f"{name} must be a non-negative integer")
     for name in ("stall_after", "drop_after"):
         v = values[name]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

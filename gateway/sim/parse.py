@@ -63,6 +63,8 @@ class Job:
     reported_seed: int | None = None  # TGI details.seed
     choices: list[Choice] = field_(default_factory=list)
     extras: Extras = field_(default_factory=Extras)
+    lora_name: str | None = None   # vLLM: the LoRA adapter named as the model
+    cache_salt: str | None = None  # vLLM: keys the prompt's first KV block
 
 
 @dataclass
@@ -308,8 +310,24 @@ def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: D
             max_tokens = None
         choices = _choices(seed, max_tokens, dialect.output_cap(prompt, limit), limits, stops, tgi=False, n=n)
     reason = "length" if choices[0].finish == "length" else "stop"
+    lora = model if limits.names is not None and model in limits.names.adapters else None
     return Job(chat, ids, prompt, sum(len(c.pieces) for c in choices), reason, seed, stream, include_usage,
-               continuous, choices=choices, extras=extras)
+               continuous, choices=choices, extras=extras, lora_name=lora,
+               cache_salt=_cache_salt(body, dialect))
+
+
+def _cache_salt(body: dict[str, Any], dialect: Dialect) -> str | None:
+    """vLLM's ``cache_salt`` (``validate_cache_salt``); other engines ignore the field."""
+    salt = body.get("cache_salt")
+    if dialect.name != "vllm" or salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ClientError("Parameter 'cache_salt' must be a non-empty string if provided.",
+                          "invalid", "cache_salt")
+    if len(salt) > 128 or any(c in "@/\\\0" for c in salt):
+        raise ClientError("Parameter 'cache_salt' must be at most 128 characters and must "
+                          "not contain '@', '/', '\\\\', or NUL.", "invalid", "cache_salt")
+    return salt
 
 
 def tgi_job(body: dict[str, Any], tok: ModelTokenizer, dialect: TGI, limits: Limits,

@@ -18,6 +18,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence as Seq
 
+from gateway.kvcache.events import KvEvent
+from gateway.kvcache.index import extra_keys
 from gateway.sim.metrics import Meter
 from gateway.sim.profiles import Profile
 
@@ -33,6 +35,9 @@ class Sequence:
     max_new_tokens: int            # exactly this many tokens will be generated
     finish_reason: str = "length"  # "length" or "stop", reported when it completes
     block_hashes: tuple[int, ...] = ()
+    prompt_ids: tuple[int, ...] = ()  # what KV events announce (``vllm_v1``, with kv_events)
+    lora_name: str | None = None      # the LoRA adapter it runs under (keys its blocks)
+    cache_salt: str | None = None     # vLLM's ``cache_salt`` (keys its first block)
     arrived: float = 0.0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -49,11 +54,16 @@ class Sequence:
     waiter: asyncio.Future | None = None
 
 
-def block_hashes(ids: Seq[int], block_size: int) -> tuple[int, ...]:
-    """Chained hashes of the full blocks of a prompt: equal hash = equal whole prefix."""
+def block_hashes(ids: Seq[int], block_size: int, lora: str | None = None,
+                 salt: str | None = None) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of a prompt: equal hash = equal whole prefix. As in
+    vLLM, a LoRA adapter keys every block and a ``cache_salt`` the first one, so neither
+    shares blocks with a request that lacks it."""
     out, parent = [], 0
     for start in range(0, len(ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(ids[start:start + block_size])))
+        extra = extra_keys(lora, salt, start == 0)
+        block = tuple(ids[start:start + block_size])
+        parent = hash((parent, block) if extra is None else (parent, block, extra))
         out.append(parent)
     return tuple(out)
 
@@ -99,6 +109,10 @@ class BatchScheduler:
 
     def idle(self) -> bool:
         return not self.running and not self.waiting
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """KV cache events since the last call: only vLLM V1's model makes them."""
+        return []
 
     def add(self, seq: Sequence, now: float) -> None:
         seq.arrived = now

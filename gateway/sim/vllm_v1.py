@@ -51,6 +51,22 @@ engine):
 
     step = step_base_s + per_token_s * tokens scheduled + per_seq_s * requests scheduled
 
+KV-cache events (``kv_events=True``, with the prefix cache; ``take_kv_events`` after each
+``step``), as ``block_pool.py`` makes them for what the sim does: a ``BlockStored`` when
+prompt blocks are cached (``cache_full_blocks``: one event per allocation, for the run of
+blocks it newly cached, their tokens, the parent's hash, the adapter name and per-block
+``extra_keys``), a ``BlockRemoved`` when a cached block is taken for reuse
+(``_remove_cached_block_hashes``, one event per block), hashes as unsigned 64-bit ints
+(``maybe_convert_block_hash``). What differs from vLLM, on purpose:
+
+- output blocks are hashed from synthetic ids (the sim draws no output token ids), so they
+  are cached but never announced, nor is their eviction: a ``BlockRemoved`` only ever names
+  a hash that was announced;
+- an equal block computed twice stays uncached here (first one wins) and is not announced;
+  vLLM 0.32 keeps both copies under one hash and announces each;
+- no ``AllBlocksCleared`` (the sim has no prefix-cache reset), and no ``BlockStored`` again
+  for prefix hits (vLLM's ``emit_cached_block_events``, off by default).
+
 Not modelled: async scheduling, speculative decoding, the priority policy, KV connectors,
 multimodal encoders, partial-block prefix hits.
 """
@@ -59,13 +75,24 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from gateway.kvcache.events import BlockRemoved, BlockStored, KvEvent
+from gateway.kvcache.index import extra_keys
 from gateway.sim.scheduler import BatchScheduler, Sequence
 from gateway.sim.metrics import Meter
 from gateway.sim.profiles import Profile
 
 
+MEDIUM = "GPU"
+_U64 = (1 << 64) - 1
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def external_hash(h: int) -> int:
+    """A block hash as vLLM publishes it: an unsigned 64-bit int."""
+    return h & _U64
 
 
 class BlockPool:
@@ -78,6 +105,10 @@ class BlockPool:
         self.hash_of: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}             # block hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head first
+        # With KV events: what is to be published, and the hashes announced (only their
+        # eviction is announced). None: no events, nothing built.
+        self.events: list[KvEvent] | None = None
+        self.announced: set[int] = set()
 
     @property
     def blocks(self) -> dict[int, int]:
@@ -121,15 +152,21 @@ class BlockPool:
                 self.hash_of[b] = None
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    if self.events is not None and h in self.announced:
+                        self.announced.discard(h)
+                        self.events.append(BlockRemoved((external_hash(h),), MEDIUM))
             self.ref[b] = 1
             out.append(b)
         return out
 
-    def cache(self, block: int, h: int) -> None:
+    def cache(self, block: int, h: int) -> bool:
+        """Cache ``block`` under ``h``; False when it was not (an equal block computed twice
+        stays uncached: first one wins)."""
         if not self.caching or self.hash_of[block] is not None or h in self.cached:
-            return  # an equal block computed twice stays uncached (first one wins)
+            return False
         self.hash_of[block] = h
         self.cached[h] = block
+        return True
 
     def release(self, blocks: list[int]) -> None:
         """Free a request's blocks, last first: hashed ones to the tail (evicted last), the
@@ -163,14 +200,19 @@ class V1Scheduler(BatchScheduler):
     """vLLM V1's scheduling of one engine, as a pure function of calls to ``step``; what a
     request does once it has its tokens (metering, finishing, aborting) is the base class's."""
 
-    def __init__(self, profile: Profile, meter: Meter, prefix_cache: bool = False) -> None:
+    def __init__(self, profile: Profile, meter: Meter, prefix_cache: bool = False,
+                 kv_events: bool = False) -> None:
         # not the base's: KV is counted in blocks here, and the prefix cache is the pool
+        if kv_events and not prefix_cache:
+            raise ValueError("KV cache events need the prefix cache")
         self.p = profile
         self.meter = meter
         self.block_size = profile.block_size
         self.pool = BlockPool(max(1, profile.kv_capacity_tokens // profile.block_size),
                               prefix_cache)
         self.cache = self.pool if prefix_cache else None  # what ``state()`` reports
+        if kv_events:
+            self.pool.events = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.state: dict[Sequence, _State] = {}
@@ -185,10 +227,21 @@ class V1Scheduler(BatchScheduler):
         """Tokens of KV in blocks that requests hold (vLLM's usage, in tokens)."""
         return (self.pool.num_blocks - self.pool.num_free()) * self.block_size
 
+    def take_kv_events(self) -> list[KvEvent]:
+        """The KV events since the last call (none without ``kv_events``)."""
+        events = self.pool.events
+        if not events:
+            return []
+        self.pool.events = []
+        return events
+
     # Requests coming and going ---------------------------------------------------------------
 
     def add(self, seq: Sequence, now: float) -> None:
         seq.arrived = now
+        if self.pool.events is not None and \
+                len(seq.prompt_ids) < len(seq.block_hashes) * self.block_size:
+            raise ValueError("with KV events a request needs its prompt_ids (they are announced)")
         self._serial += 1
         self.state[seq] = _State(self._serial, seq.block_hashes)
         seq.computed = 0
@@ -275,12 +328,40 @@ class V1Scheduler(BatchScheduler):
         if need > 0:
             st.blocks += self.pool.take(need)
         full = min(total, self._num_tokens(seq)) // self.block_size
+        announce = self.pool.events is not None
+        stored: list[int] = []  # prompt blocks newly cached (announced)
         for k in range(st.cached, full):
             if k >= len(st.hashes):  # a block of output tokens just filled: its hash
                 st.hashes.append(hash((st.hashes[-1] if st.hashes else 0, "out", st.serial, k)))
-            self.pool.cache(st.blocks[k], st.hashes[k])
+            if self.pool.cache(st.blocks[k], st.hashes[k]) and announce \
+                    and k < len(seq.block_hashes):
+                stored.append(k)
         st.cached = max(st.cached, full)
+        if stored:
+            self._announce(seq, st, stored)
         return True
+
+    def _announce(self, seq: Sequence, st: _State, stored: list[int]) -> None:
+        """``BlockStored`` for prompt blocks ``stored`` (ascending): one event per run of
+        consecutive blocks, as each run chains from the block before it."""
+        size, events = self.block_size, self.pool.events
+        assert events is not None
+        start = 0
+        for i in range(1, len(stored) + 1):
+            if i < len(stored) and stored[i] == stored[i - 1] + 1:
+                continue
+            first, last = stored[start], stored[i - 1]
+            hashes = st.hashes[first:last + 1]
+            self.pool.announced.update(hashes)
+            events.append(BlockStored(
+                tuple(external_hash(h) for h in hashes),
+                external_hash(st.hashes[first - 1]) if first else None,
+                tuple(seq.prompt_ids[first * size:(last + 1) * size]), size,
+                lora_name=seq.lora_name,
+                extra_keys=tuple(extra_keys(seq.lora_name, seq.cache_salt, k == 0)
+                                 for k in range(first, last + 1)),
+                medium=MEDIUM))
+            start = i
 
     def _free(self, seq: Sequence) -> None:
         st = self.state[seq]
