@@ -54,11 +54,11 @@ from benchmarks.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICI
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
-from gateway.kvcache.events import BlockRemoved, BlockStored, EventBatch, KvEvent
+from gateway.kvcache.events import EventBatch
 from gateway.kvcache.index import PromptKeys, ReplicaBlocks
 from gateway.sim.engine import make_scheduler
 from gateway.sim.scheduler import BatchScheduler, Sequence, block_hashes
-from gateway.sim.vllm_v1 import BlockPool, V1Scheduler
+from gateway.sim.vllm_v1 import V1Scheduler
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
 from gateway.dataplane.admission import ESTIMATED_BYTES_PER_TOKEN
@@ -94,85 +94,13 @@ EVENTS_PROFILE_KIND = "vllm-v1"  # the one timing model whose engines publish KV
 KV_EVENT_DELAY = 0.005  # simulated seconds from a step's end to its events reaching the index
 
 
-# --- A stand-in for the simulator's KV events, until gateway/sim/vllm_v1.py has them --------
-# The simulator is getting ``V1Scheduler(..., kv_events=True)``, ``take_kv_events()`` and
-# ``Sequence.prompt_ids``; where it has not yet, these few lines derive the same events from
-# the block pool (BlockStored as blocks are cached, BlockRemoved as a cached block is taken).
-
-_NATIVE_EVENTS = "prompt_ids" in getattr(Sequence, "__dataclass_fields__", {})
-
-
-@dataclass(eq=False, slots=True)
-class _IdsSequence(Sequence):
-    prompt_ids: tuple[int, ...] = ()
-
-
-class _EventPool(BlockPool):
-    def __init__(self, num_blocks: int, caching: bool) -> None:
-        super().__init__(num_blocks, caching)
-        self.removed: list[int] = []
-
-    def take(self, n: int) -> list[int]:
-        for b in list(self.free)[:n]:
-            h = self.hash_of[b]
-            if h is not None and self.cached.get(h) == b:
-                self.removed.append(h)
-        return super().take(n)
-
-
-class _V1WithEvents(V1Scheduler):
-    def __init__(self, profile: Any, meter: Any) -> None:
-        super().__init__(profile, meter, prefix_cache=True)
-        self.pool = self.cache = _EventPool(self.pool.num_blocks, True)
-        self._events: list[KvEvent] = []
-        self._announced: dict[int, int] = {}  # block hash -> block id, as announced
-        self._ids: dict[Sequence, tuple[int, ...]] = {}
-
-    def add(self, seq: Sequence, now: float) -> None:
-        self._ids[seq] = seq.prompt_ids  # type: ignore[attr-defined]
-        super().add(seq, now)
-
-    def _release(self, s: Sequence) -> None:
-        super()._release(s)
-        self._ids.pop(s, None)
-
-    def _allocate(self, seq: Sequence, n: int) -> bool:
-        st = self.state[seq]
-        before = st.cached
-        pool: _EventPool = self.pool  # type: ignore[assignment]
-        if not super()._allocate(seq, n):
-            return False
-        for h in pool.removed:
-            if self._announced.pop(h, None) is not None:
-                self._events.append(BlockRemoved((h,)))
-        pool.removed.clear()
-        size, ids = self.block_size, self._ids.get(seq, ())
-        for k in range(before, st.cached):
-            h, b = st.hashes[k], st.blocks[k]
-            if pool.cached.get(h) != b or self._announced.get(h) == b:
-                continue
-            self._announced[h] = b
-            tokens = (tuple(ids[k * size:(k + 1) * size]) if (k + 1) * size <= len(ids)
-                      else tuple(-(st.serial * 1_000_003 + k * size + j) for j in range(size)))
-            self._events.append(BlockStored((h,), st.hashes[k - 1] if k else None, tokens, size))
-        return True
-
-    def take_kv_events(self) -> list[KvEvent]:
-        events, self._events = self._events, []
-        return events
-
-
 def _events_scheduler(profile: Any, meter: Any) -> BatchScheduler:
-    if _NATIVE_EVENTS:
-        return V1Scheduler(profile, meter, prefix_cache=True, kv_events=True)  # type: ignore[call-arg]
-    return _V1WithEvents(profile, meter)
+    return V1Scheduler(profile, meter, prefix_cache=True, kv_events=True)
 
 
 def _sequence(ids: list[int], max_new: int, finish: str, block_size: int) -> Sequence:
-    seq = (Sequence if _NATIVE_EVENTS else _IdsSequence)(
-        len(ids), max_new, finish, block_hashes=block_hashes(ids, block_size))
-    seq.prompt_ids = tuple(ids)  # type: ignore[attr-defined]
-    return seq
+    return Sequence(len(ids), max_new, finish, block_hashes=block_hashes(ids, block_size),
+                    prompt_ids=tuple(ids))
 
 
 def _flags(row: str) -> tuple[str, set[str]]:
@@ -265,7 +193,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         if e.busy:
             push(at + duration, STEP_END, (i, emitting))
         if events_on:
-            kv = e.sched.take_kv_events()  # type: ignore[attr-defined]
+            kv = e.sched.take_kv_events()
             if kv:  # published when the step ends, read after the delay
                 push(at + duration + kv_event_delay, KV_EVENTS, (i, at + duration, tuple(kv)))
 
