@@ -297,10 +297,13 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
         base, events = events_row(row)
         policy, overrides = _row_settings(base)
         config = tmp / "gateway.yaml"
+        model: dict[str, Any] = {"name": MODEL, "max_model_len": MAX_MODEL_LEN,
+                                 "replicas": [{"url": u, "engine": "vllm"} for u in urls]}
+        if events:  # keys need the token ids: the sims' own tokenizer (their default)
+            from gateway.sim.model_dir import builtin_model_dir
+            model["tokenizer"] = str(builtin_model_dir())
         config.write_text(json.dumps({  # JSON is YAML
-            "models": [{"name": MODEL, "max_model_len": MAX_MODEL_LEN,
-                        "replicas": [{"url": u, "engine": "vllm"} for u in urls]}],
-            "balancer": policy, "scheduling": overrides,
+            "models": [model], "balancer": policy, "scheduling": overrides,
             **({"kv_events": {"enabled": True}} if events else {}),
         }))
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
@@ -314,12 +317,17 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
         stop(proc)
 
 
-def unavailable(row: str, venv: Path) -> str | None:
+def unavailable(row: str, venv: Path, profile: str = DEFAULT_PROFILE) -> str | None:
     """Why a peer router's row, or an `@events` row, cannot run here (None: it can)."""
     if row not in PEER_ROUTERS:
-        if events_row(row)[1] and not _sim_publishes_events():
-            return ("the simulator here has no --kv-events-port (it does not publish KV "
-                    "events)")
+        if events_row(row)[1]:
+            from gateway.sim.profiles import PROFILES
+            if PROFILES[profile].kind != "vllm-v1":
+                return (f"KV events come from the vLLM V1 timing model only: --profile "
+                        f"llama3-8b-h100-vllm-v1 (not {profile})")
+            if not _sim_publishes_events():
+                return ("the simulator here has no --kv-events-port (it does not publish "
+                        "KV events)")
         return None
     script = venv / "bin" / PEER_ROUTERS[row][0]
     if not script.exists():
@@ -517,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             len(arr) / arr[-1] for _, arr in schedules.values()), "rows": []}
         results["workloads"][name] = res
         for row in args.rows:
-            why = unavailable(row, args.router_venv)
+            why = unavailable(row, args.router_venv, args.profile)
             if why:
                 res["rows"].append({"row": row, "unavailable": why})
                 continue

@@ -260,3 +260,15 @@ def test_the_events_row_needs_the_v1_timing_model() -> None:
         main(["--workloads", "W2", "--rows", "least_expected_work@events"])
     with pytest.raises(ValueError, match="flags"):
         run_virtual(w2, "least_expected_work@eventz", requests, arrivals)
+
+
+def test_wall_clock_events_rows_need_the_v1_model_and_a_publishing_sim(tmp_path) -> None:
+    import pytest
+    from benchmarks.scheduling import events_row, unavailable
+    assert events_row("least_expected_work:prefix_weight=2@events") == (
+        "least_expected_work:prefix_weight=2", True)
+    assert events_row("round_robin") == ("round_robin", False)
+    with pytest.raises(ValueError):
+        events_row("least_expected_work@asked")
+    assert "vLLM V1" in unavailable("least_expected_work@events", tmp_path, "llama3-8b-a100")
+    assert unavailable("least_expected_work@events", tmp_path, "llama3-8b-h100-vllm-v1") is None
