@@ -50,6 +50,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -85,10 +86,10 @@ ABLATIONS = (f"{DEFAULT}:prefix_weight=0", f"{DEFAULT}:signals_weight=0")
 # (every request of the workload's mix arriving at once, in virtual time:
 # `python -m benchmarks.scheduling_virtual --saturation`).
 TIMING_MODELS = {
-    "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4},
-    "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0},
+    "llama3-8b-a100": {"W1": 47.0, "W2": 23.5, "W3": 22.4, "W4": 24.8},
+    "llama3-8b-h100-kvpoor": {"W1": 78.4, "W2": 40.0, "W3": 41.0, "W4": 27.6},
     # held out: vLLM V1's own scheduler (gateway/sim/vllm_v1.py), step time fitted
-    "llama3-8b-h100-vllm-v1": {"W1": 63.0, "W2": 45.7, "W3": 33.9},
+    "llama3-8b-h100-vllm-v1": {"W1": 63.0, "W2": 45.7, "W3": 33.9, "W4": 33.5},
 }
 DEFAULT_PROFILE = "llama3-8b-a100"
 
@@ -115,9 +116,17 @@ WORKLOADS = {
     "W1": Workload("W1", "mixed lengths", 47.0, 0.8, None, 0.5),
     "W2": Workload("W2", "shared prefixes", 23.5, 0.8, 24000, 1.0),
     "W3": Workload("W3", "both, bursts 50%/110%", 22.4, 0.8, 24000, 1.0),
+    # llm-d's shape: many tenants, each a long prefix; the load ramps past saturation
+    "W4": Workload("W4", "tenants, ramp 20%->150%", 24.8, 0.85, 300000, 0.5),
 }
 BURST_PERIOD = 10.0  # simulated seconds per phase
 PREFIXES, PREFIX_TOKENS = 16, 2000
+# W4: llm-d published 150 tenants with 6,000-token prefixes on 8 vLLM pods; on 4 replicas,
+# 75 tenants. Their 450,000 prefix tokens fit the fleet's KV (4 x 300,000: 37.5%) but not
+# one replica's (1.5x its cache), so only a router that keeps each tenant on few replicas
+# can serve them from cache.
+TENANTS, TENANT_PREFIX_TOKENS = 75, 6000
+RAMP = (0.2, 1.5)  # W4's arrival rate, as shares of saturation, from first request to last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,8 +147,31 @@ def _shared(rng: random.Random, prefixes: list[str]) -> Request:
                    tag=f"prefix{k}")
 
 
+def _tenant(rng: random.Random, prefixes: list[str]) -> Request:
+    """W4: a tenant (uniform) and its prefix, then a short question of its own, short out."""
+    k = rng.randrange(len(prefixes))
+    question = synthetic_prompt(rng.randint(50, 150), rng)
+    return Request(prompt=prefixes[k] + question, max_tokens=rng.randint(30, 100),
+                   tag=f"tenant{k}")
+
+
+def _tenants(w: Workload, n: int, seed: int) -> tuple[list[Request], list[float]]:
+    rng = random.Random(seed)
+    prefixes = [synthetic_prompt(TENANT_PREFIX_TOKENS, random.Random(f"tenant-{seed}-{k}"))
+                for k in range(TENANTS)]
+    requests, arrivals, t = [], [], 0.0
+    low, high = RAMP
+    for i in range(n):  # the rate ramps linearly with the request's place in the schedule
+        t += rng.expovariate(w.saturation * (low + (high - low) * i / max(1, n - 1)))
+        arrivals.append(t)
+        requests.append(_tenant(rng, prefixes))
+    return requests, arrivals
+
+
 def schedule(w: Workload, n: int, seed: int) -> tuple[list[Request], list[float]]:
     """The same requests and arrivals for every row of a workload."""
+    if w.name == "W4":
+        return _tenants(w, n, seed)
     rng = random.Random(seed)
     prefixes = [synthetic_prompt(PREFIX_TOKENS, random.Random(f"prefix-{seed}-{k}"))
                 for k in range(PREFIXES)]
@@ -172,16 +204,59 @@ def _get_json(url: str) -> Any:
         return json.loads(r.read())
 
 
+# An `@events` row: the replicas publish KV-cache events on their HTTP port + these (the
+# gateway's default rule, `kv_events.port_offset` and `replay_port_offset`) and the gateway
+# subscribes (`kv_events: {enabled: true}`): precise prefix-cache routing.
+EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET = 1000, 2000
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _events_port() -> int:
+    """A free HTTP port whose event and replay ports (+1000, +2000) are free too."""
+    while True:
+        port = free_port()
+        if port + REPLAY_PORT_OFFSET <= 65535 and all(
+                _port_free(port + k) for k in (EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET)):
+            return port
+
+
+def _sim_publishes_events() -> bool:
+    """The simulator here has ``--kv-events-port`` (it publishes vLLM's KV events)."""
+    out = subprocess.run([sys.executable, "-m", "gateway", "sim", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60).stdout
+    return "--kv-events-port" in out
+
+
+def events_row(row: str) -> tuple[str, bool]:
+    """``policy[:weights][@events]`` -> the row without the flag, and whether it is set."""
+    base, _, flag = row.partition("@")
+    if flag not in ("", "events"):
+        raise ValueError(f"row {row!r}: the wall-clock rows take only @events")
+    return base, flag == "events"
+
+
 @contextlib.contextmanager
-def replicas(w: Workload, tmp: Path) -> Iterator[list[str]]:
-    """Four fresh simulated replicas (empty caches); yields their URLs."""
+def replicas(w: Workload, tmp: Path, events: bool = False) -> Iterator[list[str]]:
+    """Four fresh simulated replicas (empty caches); yields their URLs. ``events``: each
+    publishes its KV-cache events on its HTTP port + 1000 (replay + 2000)."""
     procs, urls = [], []
     try:
         for i in range(REPLICAS):
-            port = free_port()
+            port = _events_port() if events else free_port()
             args = ["sim", "--dialect", "vllm", "--profile", w.profile, "--port", str(port),
                     "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--speed",
                     str(w.speed), "--prefix-cache"]
+            if events:
+                args += ["--kv-events-port", str(port + EVENTS_PORT_OFFSET),
+                         "--kv-replay-port", str(port + REPLAY_PORT_OFFSET)]
             if w.kv_capacity_tokens:
                 args += ["--kv-capacity-tokens", str(w.kv_capacity_tokens)]
             procs.append(_spawn([sys.executable, "-m", "gateway", *args], tmp / f"sim{i}.log"))
@@ -219,12 +294,17 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
                 "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
         ready = f"http://{HOST}:{port}/v1/models"
     else:
-        policy, overrides = _row_settings(row)
+        base, events = events_row(row)
+        policy, overrides = _row_settings(base)
         config = tmp / "gateway.yaml"
+        model: dict[str, Any] = {"name": MODEL, "max_model_len": MAX_MODEL_LEN,
+                                 "replicas": [{"url": u, "engine": "vllm"} for u in urls]}
+        if events:  # keys need the token ids: the sims' own tokenizer (their default)
+            from gateway.sim.model_dir import builtin_model_dir
+            model["tokenizer"] = str(builtin_model_dir())
         config.write_text(json.dumps({  # JSON is YAML
-            "models": [{"name": MODEL, "max_model_len": MAX_MODEL_LEN,
-                        "replicas": [{"url": u, "engine": "vllm"} for u in urls]}],
-            "balancer": policy, "scheduling": overrides,
+            "models": [model], "balancer": policy, "scheduling": overrides,
+            **({"kv_events": {"enabled": True}} if events else {}),
         }))
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
                "--port", str(port), "--log-level", "warning"]
@@ -237,9 +317,17 @@ def router(row: str, urls: list[str], tmp: Path, venv: Path) -> Iterator[str]:
         stop(proc)
 
 
-def unavailable(row: str, venv: Path) -> str | None:
-    """Why a peer router's row cannot run here (None: it can)."""
+def unavailable(row: str, venv: Path, profile: str = DEFAULT_PROFILE) -> str | None:
+    """Why a peer router's row, or an `@events` row, cannot run here (None: it can)."""
     if row not in PEER_ROUTERS:
+        if events_row(row)[1]:
+            from gateway.sim.profiles import PROFILES
+            if PROFILES[profile].kind != "vllm-v1":
+                return (f"KV events come from the vLLM V1 timing model only: --profile "
+                        f"llama3-8b-h100-vllm-v1 (not {profile})")
+            if not _sim_publishes_events():
+                return ("the simulator here has no --kv-events-port (it does not publish "
+                        "KV events)")
         return None
     script = venv / "bin" / PEER_ROUTERS[row][0]
     if not script.exists():
@@ -254,7 +342,8 @@ def unavailable(row: str, venv: Path) -> str | None:
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
             venv: Path) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"gw-sched-{w.name}-"))
-    with replicas(w, tmp) as urls, router(row, urls, tmp, venv) as url:
+    with replicas(w, tmp, events_row(row)[1] if row not in PEER_ROUTERS else False) as urls, \
+            router(row, urls, tmp, venv) as url:
         target = Target(url, api="openai", endpoint="/v1/completions", stream=True, model=MODEL)
         wall_arrivals = [a / w.speed for a in arrivals]
         started = time.monotonic()
@@ -436,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             len(arr) / arr[-1] for _, arr in schedules.values()), "rows": []}
         results["workloads"][name] = res
         for row in args.rows:
-            why = unavailable(row, args.router_venv)
+            why = unavailable(row, args.router_venv, args.profile)
             if why:
                 res["rows"].append({"row": row, "unavailable": why})
                 continue

@@ -54,8 +54,11 @@ from benchmarks.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICI
 from gateway.config import SchedulingConfig
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.fleet.replica import Replica
+from gateway.kvcache.events import EventBatch
+from gateway.kvcache.index import PromptKeys, ReplicaBlocks
 from gateway.sim.engine import make_scheduler
 from gateway.sim.scheduler import BatchScheduler, Sequence, block_hashes
+from gateway.sim.vllm_v1 import V1Scheduler
 from gateway.sim.metrics import make_meter
 from gateway.sim.profiles import PROFILES
 from gateway.dataplane.admission import ESTIMATED_BYTES_PER_TOKEN
@@ -87,9 +90,42 @@ def _tokens(text: str) -> list[int]:
     return [hash(word) for word in text.split(" ")[1:]]
 
 
+EVENTS_PROFILE_KIND = "vllm-v1"  # the one timing model whose engines publish KV events
+KV_EVENT_DELAY = 0.005  # simulated seconds from a step's end to its events reaching the index
+
+
+def _events_scheduler(profile: Any, meter: Any) -> BatchScheduler:
+    return V1Scheduler(profile, meter, prefix_cache=True, kv_events=True)
+
+
+def _sequence(ids: list[int], max_new: int, finish: str, block_size: int) -> Sequence:
+    return Sequence(len(ids), max_new, finish, block_hashes=block_hashes(ids, block_size),
+                    prompt_ids=tuple(ids))
+
+
+def _flags(row: str) -> tuple[str, set[str]]:
+    """``policy[:weights][@flag...]`` -> the policy part and its flags: ``asked``/``exact``
+    (what the ledger reserves), ``events`` (precise routing on the engines' KV events)."""
+    base, *flags = row.split("@")
+    unknown = set(flags) - {"asked", "exact", "events"}
+    if unknown or {"asked", "exact"} <= set(flags):
+        raise ValueError(f"row {row!r}: flags are @asked or @exact, and @events")
+    return base, set(flags)
+
+
+def check_events_profile(row: str, profile: str) -> None:
+    """An ``@events`` row needs engines that publish KV events: the vLLM V1 timing model."""
+    if "events" in _flags(row)[1] and PROFILES[profile].kind != EVENTS_PROFILE_KIND:
+        v1 = [name for name, p in PROFILES.items() if p.kind == EVENTS_PROFILE_KIND]
+        raise ValueError(f"row {row!r} routes on the engines' KV-cache events, which only the "
+                         f"vLLM V1 timing model publishes: use --profiles {' '.join(v1)} "
+                         f"(not {profile})")
+
+
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
             direct_share: float = 0.0, asked: tuple[int, ...] = (),
-            max_in_flight: int | None = None, kv_binding: float | None = None) -> dict[str, Any]:
+            max_in_flight: int | None = None, kv_binding: float | None = None,
+            kv_event_delay: float = KV_EVENT_DELAY) -> dict[str, Any]:
     """One row; ``direct_share`` of the requests (seeded) are sent by another client straight to
     the first replica, past the gateway and its ledger (their TTFTs are not reported).
     ``asked``: every client asks for one of these many output tokens (``max_tokens``; seeded,
@@ -98,10 +134,20 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     in ``@asked`` reserves the whole ask (``learn_output_lengths: false``), one ending in
     ``@exact`` the true length (the oracle). ``max_in_flight``: the gateway's per-replica limit
     (``backpressure.max_in_flight_per_replica``); past it requests wait in its FIFO queue and
-    go to the first replica that frees a slot (late binding)."""
-    row, _, reserve = row.partition("@")  # "" (the gateway's), "asked" or "exact"
+    go to the first replica that frees a slot (late binding).
+
+    A row with ``@events`` routes as the gateway does where engines publish KV-cache events:
+    each engine (vLLM V1's model only) announces the blocks it caches and evicts, each step's
+    events reach the replica's ``ReplicaBlocks`` ``kv_event_delay`` simulated seconds after
+    the step ends, and each request carries its token ids (``RequestCost.prompt_keys``)."""
+    name = row
+    check_events_profile(row, w.profile)
+    row, flags = _flags(row)
+    reserve = "asked" if "asked" in flags else "exact" if "exact" in flags else ""
+    events_on = "events" in flags
     outputs = OutputEstimate() if not reserve else None
     policy_name, overrides = _row_settings(row)
+    pending = weights_pending(overrides)  # the index's, not a scheduling weight
     weights = SchedulingConfig(**overrides)
     policy = make_policy(policy_name, weights)
     if hasattr(policy, "rng"):
@@ -114,9 +160,16 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         profile = profile.with_overrides(kv_capacity_tokens=w.kv_capacity_tokens)
     ledger = InProcessLedger()
     engines = [_Engine(Replica(f"r{i}", f"http://r{i}", "vllm", "m", "default"),
-                       make_scheduler(profile, make_meter("vllm", 1 << 20), prefix_cache=True))
+                       _events_scheduler(profile, make_meter("vllm", 1 << 20)) if events_on
+                       else make_scheduler(profile, make_meter("vllm", 1 << 20),
+                                           prefix_cache=True))
                for i in range(REPLICAS)]
     replicas = [e.replica for e in engines]
+    if events_on:
+        for e in engines:
+            e.replica.kv_cache = ReplicaBlocks(
+                pending_seconds=pending, clock=lambda: now)
+            e.replica.kv_cache.connected = True
     flights: dict[int, _Flight] = {}  # id(seq) -> the request on its way
     direct = random.Random(7)
     per_replica = [0] * REPLICAS
@@ -125,7 +178,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     ttft_by_request: list[float | None] = [None] * len(requests)  # None: a direct client's
     generated = 0
     events: list[tuple[float, int, int, Any]] = []  # (time, order, kind, payload)
-    ARRIVE, STEP_END, SCRAPE = 0, 1, 2
+    ARRIVE, STEP_END, SCRAPE, KV_EVENTS = 0, 1, 2, 3
     order = 0
 
     def push(at: float, kind: int, payload: Any) -> None:
@@ -139,6 +192,10 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         e.busy = bool(emitting or duration)
         if e.busy:
             push(at + duration, STEP_END, (i, emitting))
+        if events_on:
+            kv = e.sched.take_kv_events()
+            if kv:  # published when the step ends, read after the delay
+                push(at + duration + kv_event_delay, KV_EVENTS, (i, at + duration, tuple(kv)))
 
     for k, at in enumerate(arrivals):
         push(at, ARRIVE, k)
@@ -162,7 +219,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         ids = _tokens(text)
         ask = max(random.Random(k).choice(asked), req.max_tokens) if asked else req.max_tokens
         cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), ask,
-                           prompt_blocks(text))
+                           prompt_blocks(text),
+                           prompt_keys=PromptKeys(tuple(ids)) if events_on else None)
         expected = (req.max_tokens if reserve == "exact" else
                     outputs.expect(MODEL, ask) if outputs is not None else ask)
         if direct_client:
@@ -176,9 +234,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             per_replica[i] += 1
             lease = ledger.lease(chosen.name, cost.prompt_tokens, expected, ask)
             context[chosen.name] += len(ids)
-        seq = Sequence(len(ids), req.max_tokens,
-                       "length" if ask == req.max_tokens else "stop",
-                       block_hashes=block_hashes(ids, profile.block_size))
+        seq = _sequence(ids, req.max_tokens, "length" if ask == req.max_tokens else "stop",
+                        profile.block_size)
         flights[id(seq)] = _Flight(lease, k, arrivals[k], len(ids), ask, req.tag == "long")
         engines[i].sched.add(seq, now)
         if not engines[i].busy:
@@ -220,6 +277,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
             while held and dispatch(held[0]):
                 held.popleft()
             start_step(i, now)
+        elif kind == KV_EVENTS:
+            i, published, kv = payload
+            engines[i].replica.kv_cache.apply(EventBatch(published, kv))  # type: ignore[union-attr]
         else:
             for e in engines:
                 s = e.sched
@@ -230,15 +290,30 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     meters = [e.sched.meter for e in engines]
     queries = sum(m.prefix_queries for m in meters)
     return {
-        "row": row, "completed_per_s": round(finished / (now - arrivals[0]), 2),
-        "ttft_p50_s": _seconds(ttft, 50), "ttft_p99_s": _seconds(ttft, 99),
+        "row": name if events_on else row, "completed_per_s": round(finished / (now - arrivals[0]), 2),
+        "ttft_p50_s": _seconds(ttft, 50), "ttft_p90_s": _seconds(ttft, 90),
+        "ttft_p99_s": _seconds(ttft, 99),
         "ttft_p99_long_s": _seconds(ttft_long, 99),
         "output_tokens_per_s": round(generated / (now - arrivals[0]), 1),
         "requests_per_replica": per_replica,
         "prefix_cache_hit_rate": round(sum(m.prefix_hits for m in meters) / queries, 3),
         "preemptions": sum(m.preemptions for m in meters),
+        "kv_index": [_index_state(e.replica.kv_cache, now) for e in engines] if events_on else None,
         "ttft_by_request_s": ttft_by_request,
     }
+
+
+def weights_pending(overrides: dict[str, float]) -> float:
+    """The index's ``pending_seconds`` (``kv_events.pending_seconds``; a row may set it)."""
+    from gateway.config import KvEventsConfig
+    return overrides.pop("pending_seconds", KvEventsConfig().pending_seconds)
+
+
+def _index_state(index: ReplicaBlocks | None, now: float) -> dict[str, Any]:
+    assert index is not None
+    return {"live": index.live(now), "blocks": index.size(), "orphans": index.orphans,
+            "predicted_hit": round(index.predicted_tokens / index.queried_tokens, 3)
+            if index.queried_tokens else None}
 
 
 def _seconds(values: list[float], q: float) -> float | None:
@@ -272,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="hold a request in the gateway while every replica's KV (the "
                              "prompts + tokens generated of what the gateway sent it) would "
                              "pass this share of its capacity; send it to the first with room")
+    parser.add_argument("--kv-event-delay", type=float, default=KV_EVENT_DELAY,
+                        help="@events rows: simulated seconds from an engine step's end to "
+                             "its KV events reaching the gateway's index (default "
+                             f"{KV_EVENT_DELAY})")
     parser.add_argument("--profiles", nargs="+", default=[DEFAULT_PROFILE],
                         choices=list(TIMING_MODELS), help="the replicas' timing models")
     parser.add_argument("--compare", metavar="ROW",
@@ -281,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="print round robin's saturation per workload and profile (the "
                              "rates the schedules are built from) and exit")
     args = parser.parse_args(argv)
+    for profile in args.profiles:
+        for row in [*args.rows, *([args.compare] if args.compare else [])]:
+            try:
+                check_events_profile(row, profile)
+            except ValueError as exc:
+                parser.error(str(exc))
     if args.saturation:
         for profile in args.profiles:
             rates = {name: saturation(WORKLOADS[name].on(profile)) for name in args.workloads}
@@ -298,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             def run(row: str) -> list[dict[str, Any]]:
                 if row not in runs:
                     runs[row] = [run_row(w, row, reqs, arr, args.direct_share, args.asked,
-                                         args.max_in_flight, args.kv_binding)
+                                         args.max_in_flight, args.kv_binding,
+                                         args.kv_event_delay)
                                  for reqs, arr in schedules]
                 return runs[row]
 
@@ -311,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                       f" | {statistics.mean(r['ttft_p50_s'] for r in results):.3f}"
                       f" | {statistics.mean(r['output_tokens_per_s'] for r in results):.0f}"
                       f" | {results[0]['requests_per_replica']}", flush=True)
+                print(f"  {'':<60} {_summary(results)}", flush=True)
                 if baseline is not None and row != args.compare:
                     diff, low, high = p99_difference(
                         [r["ttft_by_request_s"] for r in results],
@@ -318,6 +405,30 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {'':<60} p99 minus {args.compare}'s: {diff:+.3f} s "
                           f"(95% interval {low:+.3f} .. {high:+.3f})", flush=True)
     return 0
+
+
+def mean_interval(values: list[float]) -> str:
+    """The mean over seeds with a 95% t interval (seeds are independent schedules)."""
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return f"{m:.3f}"
+    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+    return f"{m:.3f} ({m - half:.3f}..{m + half:.3f})"
+
+
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def _summary(results: list[dict[str, Any]]) -> str:
+    """TTFT p50/p90/p99 and tok/s over the seeds with intervals, the engines' prefix-cache hit
+    rate, and requests per replica summed over the seeds with the least one's share of fair."""
+    per_replica = [sum(n) for n in zip(*(r["requests_per_replica"] for r in results))]
+    fair = sum(per_replica) / len(per_replica)
+    parts = [f"{k} {mean_interval([r[f'ttft_{k}_s'] for r in results])}"
+             for k in ("p50", "p90", "p99")]
+    return (" ".join(parts) + f" tok/s {mean_interval([r['output_tokens_per_s'] for r in results])}"
+            f" hit {statistics.mean(r['prefix_cache_hit_rate'] for r in results):.3f}"
+            f" per replica {per_replica} (min {min(per_replica) / fair:.0%} of fair)")
 
 
 def saturation(w: Workload, requests: int = 2000) -> float:

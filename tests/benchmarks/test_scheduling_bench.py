@@ -207,3 +207,68 @@ def test_wall_clock_rows_are_compared_with_the_default_request_by_request() -> N
     table = markdown({"profile": "llama3-8b-a100", "workloads": {"W1": {
         "requests": 400, "seeds": [1, 2], "mean_rate": 30.0, "rows": rows, "targets": []}}})
     assert f"| {diff:+.3f} ({low:+.3f} .. {high:+.3f}) |" in table
+
+
+def test_w4_is_tenants_with_long_prefixes_and_a_ramping_load() -> None:
+    """W4 (llm-d's shape): each request is one of 75 tenants' 6,000-token prefixes and a short
+    question of its own; the prefixes need more KV than one replica has, less than the
+    fleet's; the arrival rate ramps from 20% to 150% of saturation."""
+    from benchmarks.scheduling import REPLICAS, TENANT_PREFIX_TOKENS, TENANTS
+    w4 = WORKLOADS["W4"].on("llama3-8b-h100-vllm-v1")
+    requests, arrivals = schedule(w4, 600, seed=2)
+    assert schedule(w4, 600, seed=2)[1] == arrivals
+    assert all(r.tag.startswith("tenant") for r in requests)
+    assert len({r.tag for r in requests}) > 0.8 * TENANTS
+    by_tenant = {r.tag: r.prompt for r in requests}
+    first = requests[0]
+    assert first.prompt.startswith(by_tenant[first.tag][:TENANT_PREFIX_TOKENS])
+    assert TENANTS * TENANT_PREFIX_TOKENS > w4.kv_capacity_tokens  # not one replica's
+    assert TENANTS * TENANT_PREFIX_TOKENS < 0.5 * REPLICAS * w4.kv_capacity_tokens  # the fleet's
+    early = 100 / arrivals[99]
+    late = 100 / (arrivals[-1] - arrivals[-101])
+    assert early < 0.5 * w4.saturation and late > 1.1 * w4.saturation
+
+
+def test_the_events_row_routes_on_the_engines_kv_events() -> None:
+    """@events: the V1 engines announce their blocks, each replica's index is live and holds
+    them, the engines see more prefix hits than with the approximate index, and the
+    requests are spread (every replica at least 80% of its fair share)."""
+    w4 = WORKLOADS["W4"].on("llama3-8b-h100-vllm-v1")
+    requests, arrivals = schedule(w4, 240, seed=1)
+    precise = run_virtual(w4, "least_expected_work@events", requests, arrivals)
+    assert precise == run_virtual(w4, "least_expected_work@events", requests, arrivals)
+    approximate = run_virtual(w4, "least_expected_work", requests, arrivals)
+    assert precise["row"] == "least_expected_work@events" and approximate["kv_index"] is None
+    assert all(i["live"] and i["blocks"] > 0 and i["orphans"] == 0
+               for i in precise["kv_index"])
+    assert precise["prefix_cache_hit_rate"] > approximate["prefix_cache_hit_rate"]
+    # what the index predicted is what the engines found (the events say what they hold)
+    predicted = sum(i["predicted_hit"] for i in precise["kv_index"]) / 4
+    assert abs(predicted - precise["prefix_cache_hit_rate"]) < 0.1
+    assert min(precise["requests_per_replica"]) >= 0.8 * 240 / 4
+    assert sum(precise["requests_per_replica"]) == 240
+
+
+def test_the_events_row_needs_the_v1_timing_model() -> None:
+    import pytest
+    from benchmarks.scheduling_virtual import main
+    w2 = WORKLOADS["W2"]  # on the A100 profile: no KV events
+    requests, arrivals = schedule(w2, 20, seed=1)
+    with pytest.raises(ValueError, match="vLLM V1 timing model"):
+        run_virtual(w2, "least_expected_work@events", requests, arrivals)
+    with pytest.raises(SystemExit):
+        main(["--workloads", "W2", "--rows", "least_expected_work@events"])
+    with pytest.raises(ValueError, match="flags"):
+        run_virtual(w2, "least_expected_work@eventz", requests, arrivals)
+
+
+def test_wall_clock_events_rows_need_the_v1_model_and_a_publishing_sim(tmp_path) -> None:
+    import pytest
+    from benchmarks.scheduling import events_row, unavailable
+    assert events_row("least_expected_work:prefix_weight=2@events") == (
+        "least_expected_work:prefix_weight=2", True)
+    assert events_row("round_robin") == ("round_robin", False)
+    with pytest.raises(ValueError):
+        events_row("least_expected_work@asked")
+    assert "vLLM V1" in unavailable("least_expected_work@events", tmp_path, "llama3-8b-a100")
+    assert unavailable("least_expected_work@events", tmp_path, "llama3-8b-h100-vllm-v1") is None
