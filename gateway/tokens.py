@@ -146,7 +146,11 @@ class ModelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def count_text(self, text: str, add_special_tokens: bool = True) -> int:
-        return len(self._encode_many([text], add_special_tokens=add_special_tokens)[0].ids)
+        return len(self.token_ids(text, add_special_tokens))
+
+    def token_ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``encode``'s ids the way counting takes them: faster, and the GIL let go."""
+        return self._encode_many([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -96,7 +96,7 @@ class _Prompt:
         """The ids the engine will see (its chat template rendered, as for counting)."""
         if self.ids is not None:
             return self.ids
-        return tokenizer.encode(self.text or "", self.add_special_tokens)
+        return tokenizer.token_ids(self.text or "", self.add_special_tokens)
 
     def estimate(self) -> int:
         if self.ids is not None:
