@@ -40,10 +40,11 @@ from gateway.kvcache.index import PromptKeys, ReplicaBlocks
 from gateway.sim.model_dir import WORDS, builtin_model_dir
 from gateway.tokens import ModelTokenizer
 
-# The gateway's CPU per non-streamed request (docs/performance.md): under wrk on a quiet VM
-# (line 73), and at c=64 on the fastest VM (line 47).
-REQUEST_CPU_US = {"wrk, quiet VM (performance.md:73)": 173.0,
-                  "c=64, fastest VM (performance.md:47)": 90.0}
+# The gateway's CPU per non-streamed request (docs/performance.md, 2026-11-26/25): under wrk
+# on a quiet VM ("Per request, and at saturation": 173-176 µs), and at c=64 on the fastest VM
+# (the table against vllm-router: 89.1, 90.9 µs).
+REQUEST_CPU_US = {"wrk, quiet VM, performance.md's per-request section": 173.0,
+                  "c=64, fastest VM, performance.md's table against vllm-router": 90.0}
 PROMPT_TOKENS = (256, 2048, 8192)
 REPLICAS = 8
 INDEX_BLOCKS = 60_000
