@@ -1,9 +1,9 @@
 """The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
 
-    python -m benchmarks.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
+    python -m benchmarks.scheduling_virtual [--workloads W1 W2 W3 W4] [--rows ...]
         [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
         [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
-        [--compare ROW]
+        [--compare ROW] [--kv-event-delay S]
 
 The same seeded schedules as ``benchmarks.scheduling`` and the same timing models of the
 simulated replicas (``gateway.sim.engine.make_scheduler``: ours, or vLLM V1's), driven event
@@ -22,6 +22,10 @@ holding requests in the gateway does (late binding: ``--max-in-flight`` as the g
 per-replica limit; ``--kv-binding`` with the KV each replica holds for the gateway's
 requests, counted in true tokens: an upper bound of what a gateway that knows capacities
 could do).
+
+Precise prefix routing (``policy@events`` rows, vLLM V1's timing model only): each engine
+publishes its KV-cache events, which reach the replica's ``ReplicaBlocks`` ``--kv-event-delay``
+simulated seconds after the step that made them; each request carries its token ids.
 
 A p99 is the worst ~1% of one schedule, so two rows a few hundredths of a second apart may
 differ by chance alone. ``--compare ROW`` puts a number on that: each row's mean p99 minus
