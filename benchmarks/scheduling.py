@@ -395,6 +395,8 @@ def _kv_metrics(url: str) -> dict[str, float]:
         if line.startswith("llm_gateway_kv_"):
             name, _, value = line.rpartition(" ")
             key = name.partition("{")[0]
+            if key.endswith("_created"):
+                continue
             out[key] = out.get(key, 0.0) + float(value)
     return out
 
