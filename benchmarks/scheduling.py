@@ -20,11 +20,16 @@ the same seeded open-loop schedule and fresh replicas (empty caches). Workloads:
   all prefixes need; 80% of round robin's saturation.
 - **W3 both, with bursts**: half W1 requests, half W2, on W2's replicas; the arrival rate
   alternates every 10 simulated seconds between 50% and 110% of round robin's saturation.
+- **W4 tenants** (llm-d's published shape, 150 tenants with 6k-token prefixes on 8 pods,
+  scaled to 4 replicas): 75 tenants, uniform, each request its tenant's 6,000-token prefix +
+  a 50-150-token question, 30-100 out; each replica's KV capped at 300,000 tokens, so the
+  450,000 prefix tokens fit the fleet's caches (37.5%) but not one's (1.5x); the rate ramps
+  linearly from 20% to 150% of round robin's saturation.
 
 Saturation rates (requests/s, 4 replicas) come from running round robin on the same timing
 model in virtual time (``gateway.sim.scheduler.BatchScheduler``) at overload
-(``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4; on the H100 one 78, 40,
-41. ``--speed`` compresses or stretches time per workload (the simulated GPU runs ``speed``
+(``TIMING_MODELS``): on the A100 profile W1 47, W2 23.5, W3 22.4, W4 24.8; on the H100 one
+78, 40, 41, 27.6; on vLLM V1's 63, 45.7, 33.9, 33.5. ``--speed`` compresses or stretches time per workload (the simulated GPU runs ``speed``
 times real time; on another profile scaled so the wall-clock request rate stays the same);
 TTFTs are reported in simulated seconds (wall x speed), which is what the same GPUs would
 show. The default speeds keep the streamed tokens/s low enough that
@@ -33,6 +38,11 @@ two CPU cores, not the policy, are never the limit.
 A TTFT p99 is set by a workload's worst ~1% of requests, so one schedule can favour one
 router by luck (a burst that happens to suit it); ``--seeds`` runs each row on several seeded
 schedules and reports each seed's figure and their mean.
+
+A row ``policy@events`` (``--profile llama3-8b-h100-vllm-v1`` only) starts replicas that
+publish their KV-cache events (``--kv-events-port``: HTTP port + 1000, replay + 2000, the
+gateway's default rule) and a gateway with ``kv_events: {enabled: true}`` and the sims'
+tokenizer: precise prefix-cache routing; its figures add the gateway's ``llm_gateway_kv_*``.
 
 Output: a markdown table per workload (TTFT p50/p99, output tokens/s, requests per replica,
 prefix-cache hit rate: means over the seeds, p99 also per seed) and every figure as JSON,
@@ -350,6 +360,7 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         run = asyncio.run(open_loop(target, requests, wall_arrivals, timeout=REQUEST_TIMEOUT))
         elapsed = time.monotonic() - started
         states = [_get_json(f"{u}/sim/state") for u in urls]
+        kv = _kv_metrics(url) if events_row(row)[1] and row not in PEER_ROUTERS else None
     overall = summarize(run)["overall"]
     ttft = overall.get("ttft_ms") or {}
     per_replica = [s["completed_total"] + s["aborted_total"] for s in states]
@@ -367,10 +378,27 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "requests_per_replica": per_replica,
         "prefix_cache_hit_rate": round(hits / prompt, 3) if prompt else None,
         "wall_s": round(elapsed, 1), "logs": str(tmp),
+        **({"kv_events": kv} if kv is not None else {}),
         # in schedule order, for comparing rows request by request (None: not served)
         "ttft_by_request_s": [r.ttft * w.speed if r.ok and r.ttft is not None else None
                               for r in run.records],
     }
+
+
+def _kv_metrics(url: str) -> dict[str, float]:
+    """The gateway's KV-event figures summed over replicas (``llm_gateway_kv_*``): that the
+    events were read and routed on (events, live replicas, predicted / prompt tokens)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("llm_gateway_kv_"):
+            name, _, value = line.rpartition(" ")
+            key = name.partition("{")[0]
+            if key.endswith("_created"):
+                continue
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
 
 
 def _sim_s(ms: float | None, speed: float) -> float | None:

@@ -1,9 +1,9 @@
 """The scheduling benchmark's workloads in virtual time: our policies, no HTTP, no clock.
 
-    python -m benchmarks.scheduling_virtual [--workloads W1 W2 W3] [--rows ...]
+    python -m benchmarks.scheduling_virtual [--workloads W1 W2 W3 W4] [--rows ...]
         [--requests N] [--seeds 1 2 3] [--profiles P ...] [--direct-share 0.2]
         [--asked 1024 | 256,1024,4096] [--max-in-flight N] [--kv-binding 1.0] [--saturation]
-        [--compare ROW]
+        [--compare ROW] [--kv-event-delay S]
 
 The same seeded schedules as ``benchmarks.scheduling`` and the same timing models of the
 simulated replicas (``gateway.sim.engine.make_scheduler``: ours, or vLLM V1's), driven event
@@ -22,6 +22,10 @@ holding requests in the gateway does (late binding: ``--max-in-flight`` as the g
 per-replica limit; ``--kv-binding`` with the KV each replica holds for the gateway's
 requests, counted in true tokens: an upper bound of what a gateway that knows capacities
 could do).
+
+Precise prefix routing (``policy@events`` rows, vLLM V1's timing model only): each engine
+publishes its KV-cache events, which reach the replica's ``ReplicaBlocks`` ``--kv-event-delay``
+simulated seconds after the step that made them; each request carries its token ids.
 
 A p99 is the worst ~1% of one schedule, so two rows a few hundredths of a second apart may
 differ by chance alone. ``--compare ROW`` puts a number on that: each row's mean p99 minus
@@ -105,11 +109,13 @@ def _sequence(ids: list[int], max_new: int, finish: str, block_size: int) -> Seq
 
 def _flags(row: str) -> tuple[str, set[str]]:
     """``policy[:weights][@flag...]`` -> the policy part and its flags: ``asked``/``exact``
-    (what the ledger reserves), ``events`` (precise routing on the engines' KV events)."""
+    (what the ledger reserves), ``events`` (precise routing on the engines' KV events, with
+    prompt tokens counted exactly, as keying needs the tokenizer), ``tokens`` (prompt tokens
+    counted exactly: a gateway given the model's tokenizer, without events)."""
     base, *flags = row.split("@")
-    unknown = set(flags) - {"asked", "exact", "events"}
+    unknown = set(flags) - {"asked", "exact", "events", "tokens"}
     if unknown or {"asked", "exact"} <= set(flags):
-        raise ValueError(f"row {row!r}: flags are @asked or @exact, and @events")
+        raise ValueError(f"row {row!r}: flags are @asked or @exact, @events, @tokens")
     return base, set(flags)
 
 
@@ -145,6 +151,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     row, flags = _flags(row)
     reserve = "asked" if "asked" in flags else "exact" if "exact" in flags else ""
     events_on = "events" in flags
+    # the gateway counts prompt tokens exactly where it has the tokenizer, which keying a
+    # prompt for events needs; elsewhere it estimates them from bytes
+    tokenized = events_on or "tokens" in flags
     outputs = OutputEstimate() if not reserve else None
     policy_name, overrides = _row_settings(row)
     pending = weights_pending(overrides)  # the index's, not a scheduling weight
@@ -218,7 +227,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         text = req.prompt
         ids = _tokens(text)
         ask = max(random.Random(k).choice(asked), req.max_tokens) if asked else req.max_tokens
-        cost = RequestCost(-(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN), ask,
+        counted = len(ids) if tokenized else -(-len(text.encode()) // ESTIMATED_BYTES_PER_TOKEN)
+        cost = RequestCost(counted, ask,
                            prompt_blocks(text),
                            prompt_keys=PromptKeys(tuple(ids)) if events_on else None)
         expected = (req.max_tokens if reserve == "exact" else
@@ -290,7 +300,8 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     meters = [e.sched.meter for e in engines]
     queries = sum(m.prefix_queries for m in meters)
     return {
-        "row": name if events_on else row, "completed_per_s": round(finished / (now - arrivals[0]), 2),
+        "row": name if events_on or tokenized else row,
+        "completed_per_s": round(finished / (now - arrivals[0]), 2),
         "ttft_p50_s": _seconds(ttft, 50), "ttft_p90_s": _seconds(ttft, 90),
         "ttft_p99_s": _seconds(ttft, 99),
         "ttft_p99_long_s": _seconds(ttft_long, 99),

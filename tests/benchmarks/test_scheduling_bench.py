@@ -108,6 +108,8 @@ def test_each_timing_model_has_its_measured_saturation() -> None:
         assert abs(saturation(w1) - rates["W1"]) < 0.05 * rates["W1"], profile
         base = WORKLOADS["W1"].on(DEFAULT_PROFILE)
         assert abs(w1.saturation * w1.speed - base.saturation * base.speed) < 1e-9
+    w4 = WORKLOADS["W4"].on("llama3-8b-h100-vllm-v1")
+    assert abs(saturation(w4) - w4.saturation) < 0.05 * w4.saturation
     fast = WORKLOADS["W1"].on("llama3-8b-h100-kvpoor")
     assert fast.saturation > 1.5 * WORKLOADS["W1"].saturation
 
