@@ -109,9 +109,8 @@ def _sequence(ids: list[int], max_new: int, finish: str, block_size: int) -> Seq
 
 def _flags(row: str) -> tuple[str, set[str]]:
     """``policy[:weights][@flag...]`` -> the policy part and its flags: ``asked``/``exact``
-    (what the ledger reserves), ``events`` (precise routing on the engines' KV events, with
-    prompt tokens counted exactly, as keying needs the tokenizer), ``tokens`` (prompt tokens
-    counted exactly: a gateway given the model's tokenizer, without events)."""
+    (what the ledger reserves), ``events`` (precise routing on the engines' KV events; prompts
+    priced as without them), ``tokens`` (every prompt's tokens counted exactly)."""
     base, *flags = row.split("@")
     unknown = set(flags) - {"asked", "exact", "events", "tokens"}
     if unknown or {"asked", "exact"} <= set(flags):
@@ -151,9 +150,10 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     row, flags = _flags(row)
     reserve = "asked" if "asked" in flags else "exact" if "exact" in flags else ""
     events_on = "events" in flags
-    # the gateway counts prompt tokens exactly where it has the tokenizer, which keying a
-    # prompt for events needs; elsewhere it estimates them from bytes
-    tokenized = events_on or "tokens" in flags
+    # @tokens: every prompt counted exactly; elsewhere estimated from bytes. The gateway
+    # prices a prompt the same with or without events (it keys on token ids, and scales what
+    # is cached to the prompt's cost), so @events rows estimate as the default does.
+    tokenized = "tokens" in flags
     outputs = OutputEstimate() if not reserve else None
     policy_name, overrides = _row_settings(row)
     pending = weights_pending(overrides)  # the index's, not a scheduling weight

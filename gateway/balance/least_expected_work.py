@@ -82,6 +82,9 @@ class LeastExpectedWork(Policy):
         # Hashed blocks cover the prompt up to its last partial block.
         tokens_per_block = cost.prompt_tokens / (len(blocks) + 0.5) if blocks else 0.0
         prompt = cost.prompt_keys if w.prefix_weight > 0 else None
+        # An engine's blocks are exact tokens; the prompt's cost may be an estimate (the
+        # weights were tuned on it): a cached share of the prompt is that share of its cost.
+        per_token = cost.prompt_tokens / len(prompt) if prompt else 0.0
         exact: dict[str, int] = {}  # replica -> blocks its engine holds (live events only)
         sticky = self.sessions.get(cost.session) if cost.session and w.session_tokens else None
         now = self.clock()
@@ -90,7 +93,7 @@ class LeastExpectedWork(Policy):
             held = replica.kv_cache
             if prompt is not None and held is not None and held.live(now):
                 exact[replica.name] = matched = held.matched(prompt, now)
-                return matched * held.block_size  # type: ignore[operator]
+                return matched * held.block_size * per_token  # type: ignore[operator]
             if blocks:
                 return self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
             return 0.0

@@ -208,11 +208,12 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
     # A pooling request (max_tokens 0) costs its input alone.
     output_tokens = (max_tokens if max_tokens is not None else model.default_output_tokens) * fanout
     affinity = _affinity(request, context, prompts)
+    # Precise prefix routing keys the prompt by its token ids; what the prompt costs is
+    # counted as without it (the ids make an exact count free where one is needed).
     keys = None
     if _keyed_by_events(tokenizer, prompts, candidates):
-        ids = prompt_ids if prompt_ids is not None else prompts[0].token_ids(tokenizer)
-        keys = PromptKeys(ids, adapter, _cache_salt(request))
-        counts = counts or [len(ids)]
+        prompt_ids = prompt_ids if prompt_ids is not None else prompts[0].token_ids(tokenizer)
+        keys = PromptKeys(prompt_ids, adapter, _cache_salt(request))
 
     if tokenizer is None:
         estimate = sum(p.estimate() for p in prompts)
@@ -229,7 +230,8 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
         if _bound_fits(model, tokenizer, prompts, candidates, max_tokens):
             return Admission(RequestCost(sum(p.estimate() for p in prompts), output_tokens,
                                          *affinity, keys), candidates, False)
-        counts = [p.count(tokenizer) for p in prompts]
+        counts = ([len(prompt_ids)] if keys is not None and prompt_ids is not None
+                  else [p.count(tokenizer) for p in prompts])
     longest = max(counts)
     fitting = [r for r in candidates if _fits(model, r, longest, max_tokens)]
     cap = None
@@ -249,18 +251,17 @@ def admit(model: ServedModel, request: GenerationRequest, candidates: list[Repli
 def exact_tokens(model: ServedModel, serving: list[Replica],
                  request: GenerationRequest) -> Prepared:
     """What ``admit`` would tokenize for one of ``serving``: the one prompt's ids when
-    precise prefix routing needs them, else the prompts' exact counts unless the
+    precise prefix routing needs them, and the prompts' exact counts unless the
     one-token-per-byte bound fits every replica (or there is no tokenizer)."""
     tokenizer = model.tokenizer
     if tokenizer is None:
         return NOT_PREPARED
     prompts = _prompts(request, tokenizer)
-    if _keyed_by_events(tokenizer, prompts, serving):
-        ids = prompts[0].token_ids(tokenizer)
-        return Prepared(prompt_counts=[len(ids)], prompt_ids=ids)
+    ids = prompts[0].token_ids(tokenizer) if _keyed_by_events(tokenizer, prompts, serving) else None
     if _bound_fits(model, tokenizer, prompts, serving, request.max_tokens):
-        return NOT_PREPARED
-    return Prepared(prompt_counts=[p.count(tokenizer) for p in prompts])
+        return Prepared(prompt_ids=ids)
+    return Prepared(prompt_counts=[len(ids)] if ids is not None
+                    else [p.count(tokenizer) for p in prompts], prompt_ids=ids)
 
 
 class Admitter:
