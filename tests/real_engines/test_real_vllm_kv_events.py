@@ -143,6 +143,17 @@ def test_precise_routing_keeps_each_prefix_where_the_engines_hold_it(
             if events:
                 assert all(metric_sum(b, "llm_gateway_kv_events_total") > 0 for b in bases)
                 assert metric_sum(bases[0], "llm_gateway_kv_events_dropped_total") == 0
+                # What the index predicted where it sent, beside what the engines found.
+                sent = len(order) // len(bases)
+                wait_until(lambda: all(metric_sum(b, "llm_gateway_kv_prefix_prompt_tokens_total")
+                                       >= sent * PREFIX_BLOCKS * BLOCK for b in bases), 10,
+                           "the figures published")
+                predicted = (sum(metric_sum(b, "llm_gateway_kv_prefix_predicted_tokens_total")
+                                 for b in bases)
+                             / sum(metric_sum(b, "llm_gateway_kv_prefix_prompt_tokens_total")
+                                   for b in bases))
+                print("predicted hit share:", round(predicted, 3))
+                assert abs(predicted - shares[row][0]) < 0.05, (predicted, shares[row])
     print("prefix hit share, wall seconds:", {k: (round(s, 3), round(t, 1))
                                               for k, (s, t) in shares.items()})
     share = {k: s for k, (s, _) in shares.items()}
