@@ -176,8 +176,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     replicas = [e.replica for e in engines]
     if events_on:
         for e in engines:
-            e.replica.kv_cache = ReplicaBlocks(
-                pending_seconds=pending, clock=lambda: now)
+            e.replica.kv_cache = ReplicaBlocks(  # the engine's block count, as vLLM reports it
+                pending_seconds=pending, clock=lambda: now,
+                capacity=max(1, profile.kv_capacity_tokens // profile.block_size))
             e.replica.kv_cache.connected = True
     flights: dict[int, _Flight] = {}  # id(seq) -> the request on its way
     direct = random.Random(7)

@@ -89,13 +89,22 @@ class LeastExpectedWork(Policy):
         sticky = self.sessions.get(cost.session) if cost.session and w.session_tokens else None
         now = self.clock()
 
-        def cached_tokens(replica: Replica) -> float:
+        def prefix_credit(replica: Replica) -> float:
+            """Output-token equivalents the prompt's cached prefix saves there, less (with
+            ``churn_weight``) what caching the rest costs a cache that turns over fast."""
             held = replica.kv_cache
             if prompt is not None and held is not None and held.live(now):
                 exact[replica.name] = matched = held.matched(prompt, now)
-                return matched * held.block_size * per_token  # type: ignore[operator]
+                cached = min(matched * held.block_size * per_token,  # type: ignore[operator]
+                             cost.prompt_tokens)
+                credit = w.prefix_weight * cached
+                if w.churn_weight:
+                    credit -= (w.churn_weight * (cost.prompt_tokens - cached)
+                               * min(1.0, held.churn(now)))
+                return credit
             if blocks:
-                return self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
+                cached = self.prefixes.matched_blocks(replica.name, blocks) * tokens_per_block
+                return w.prefix_weight * min(cached, cost.prompt_tokens)
             return 0.0
 
         def score(replica: Replica) -> float:
@@ -104,7 +113,7 @@ class LeastExpectedWork(Policy):
             total = (outstanding - load.prefill_tokens + w.request_tokens * load.in_flight
                      + w.prefill_weight * (load.prefill_tokens + cost.prompt_tokens))
             if blocks or prompt is not None:
-                total -= w.prefix_weight * min(cached_tokens(replica), cost.prompt_tokens)
+                total -= prefix_credit(replica)
             if w.signals_weight and replica.signals is not None:
                 total += w.signals_weight * self._engine_work(replica.signals, outstanding, now)
             if replica.name == sticky:

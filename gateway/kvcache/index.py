@@ -29,6 +29,7 @@ from gateway.kvcache.events import (AllBlocksCleared, BlockHash, BlockRemoved, B
 ROOT = 0  # the parent key of a prompt's first block
 MAX_PROMPT_TOKENS = 32768  # a prompt is keyed up to here (hashing is ~0.3 µs a token)
 DEFAULT_CAPACITY = 1 << 20  # blocks per replica until the engine reports its own count
+CHURN_HALF_LIFE = 10.0  # seconds: how long a block stored counts in a replica's churn
 
 
 def extra_keys(lora: str | None, salt: str | None, first: bool) -> ExtraKeys:
@@ -101,6 +102,8 @@ class ReplicaBlocks:
         self.orphans = 0  # stored blocks whose parent was unknown (not keyable)
         self.predicted_tokens = 0  # prompt tokens the index said were cached where sent
         self.queried_tokens = 0  # prompt tokens of the requests sent
+        self._churned = 0.0  # blocks newly stored, decayed with CHURN_HALF_LIFE ...
+        self._churned_at = 0.0  # ... as of then
 
     # --- fed by the subscriber ---
 
@@ -141,6 +144,7 @@ class ReplicaBlocks:
             if block is None:
                 block = self._blocks[h] = _Block(parent)
                 self._held[parent] += 1
+                self._note_stored(1)
             else:
                 self._blocks.move_to_end(h)
             block.media.add(event.medium)
@@ -202,3 +206,21 @@ class ReplicaBlocks:
 
     def size(self) -> int:
         return len(self._blocks)
+
+    # --- churn: how fast the engine's cache turns over ---
+
+    def _note_stored(self, blocks: float) -> None:
+        now = self.clock()
+        self._churned = self._decayed(now) + blocks
+        self._churned_at = now
+
+    def _decayed(self, now: float) -> float:
+        return self._churned * 0.5 ** (max(0.0, now - self._churned_at) / CHURN_HALF_LIFE)
+
+    def churn(self, now: float) -> float:
+        """Blocks stored lately (the last ``CHURN_HALF_LIFE`` seconds, decaying, and those
+        just sent), as a share of the engine's blocks: near 0, new blocks land in room to
+        spare; 1 or more, each one evicts a block stored moments ago (a cache too small for
+        what is sent there)."""
+        pending = sum(1 for until in self._pending.values() if until > now)
+        return (self._decayed(now) + pending) / max(1, self.capacity)

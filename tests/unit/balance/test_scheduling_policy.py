@@ -191,3 +191,41 @@ def test_forget_drops_a_removed_replicas_prefixes_and_sessions() -> None:
     policy.forget(chosen.name)
     assert policy.prefixes.matched_blocks(chosen.name, (1, 2, 3)) == 0
     assert "s1" not in policy.sessions
+
+
+# --- precise prefix affinity from the engines' KV events (gateway/kvcache) ---
+
+def _events_fleet(capacity: int = 64):  # noqa: ANN202
+    from gateway.kvcache.index import ReplicaBlocks
+    fleet = replicas(2)
+    for r in fleet:
+        r.kv_cache = ReplicaBlocks(capacity=capacity, clock=lambda: 0.0)
+        r.kv_cache.connected, r.kv_cache.block_size = True, 4
+    return fleet
+
+
+def _stored(replica: Replica, ids: list[int]) -> None:
+    from gateway.kvcache.events import BlockStored, EventBatch
+    hashes = tuple(hash((replica.name, i)) for i in range(len(ids) // 4))
+    replica.kv_cache.apply(EventBatch(0.0, (BlockStored(hashes, None, tuple(ids), 4),)))
+
+
+def test_with_live_events_the_engines_blocks_decide_not_what_was_sent_where() -> None:
+    from gateway.kvcache.index import PromptKeys
+    fleet, ledger = _events_fleet(capacity=256), InProcessLedger()
+    ids = list(range(400))
+    _stored(fleet[1], ids)  # another client's request left the prefix on r1
+    chosen = policy().select(fleet, RequestCost(400, 16, (), None, PromptKeys(ids)), ledger)
+    assert chosen.name == "r1"
+
+
+def test_churn_sends_a_prefix_nobody_holds_where_the_cache_turns_over_least() -> None:
+    from gateway.kvcache.index import PromptKeys
+    fleet, ledger = _events_fleet(), InProcessLedger()
+    _stored(fleet[0], list(range(1000, 1160)))  # r0 just stored 40 of its 64 blocks
+    new = RequestCost(200, 16, (), None, PromptKeys(list(range(200))))
+    picks = {policy(churn_weight=1.0).select(fleet, new, ledger).name for _ in range(20)}
+    assert picks == {"r1"}
+    picks = {LeastExpectedWork(random.Random(k)).select(fleet, new, ledger).name
+             for k in range(20)}
+    assert picks == {"r0", "r1"}  # off: a tie, broken at random

@@ -112,3 +112,18 @@ def test_events_count_as_stopped_when_sent_blocks_go_unannounced():
     assert blocks.live(106.0)
     blocks.connected = False
     assert not blocks.live(106.0)
+
+
+def test_churn_is_what_was_stored_lately_over_the_engines_blocks():
+    now = [0.0]
+    blocks = ReplicaBlocks(capacity=8, clock=lambda: now[0])
+    blocks.connected = True
+    assert blocks.churn(0.0) == 0.0
+    blocks.apply(batch(stored([1, 2], None, PROMPT[:8])))
+    assert blocks.churn(0.0) == 2 / 8
+    blocks.apply(batch(stored([1], None, PROMPT[:4])))  # held already: nothing new
+    assert blocks.churn(0.0) == 2 / 8
+    now[0] = 10.0  # one half-life on
+    assert blocks.churn(10.0) == 1 / 8
+    blocks.note_sent(PromptKeys(PROMPT), 2, 10.0)  # a third block is on its way
+    assert blocks.churn(10.0) == 2 / 8
