@@ -200,7 +200,7 @@ class SchedulingConfig(_Strict):
                                   "request adds to its replica's score beyond its remaining "
                                   "ones (a batched engine's step time grows per sequence); "
                                   "0 = none")
-    churn_weight: float = Field(0.0, ge=0, le=10, description="with KV events: output tokens "
+    churn_weight: float = Field(1.0, ge=0, le=10, description="with KV events: output tokens "
                                 "each prompt token a replica would newly cache costs, times "
                                 "how fast its cache turns over (blocks stored in the last ~10 s "
                                 "over its blocks, at most 1); 0 = off")
