@@ -69,6 +69,8 @@ class KvEventMetrics:
             self.live.labels(replica).set(1 if blocks.live(now) else 0)
 
     def forget(self, replica: str) -> None:
+        """The replica left: its gauges go, and a new subscription counts from zero."""
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != replica}
         for gauge in (self.lag, self.blocks, self.live):
             try:
                 gauge.remove(replica)
