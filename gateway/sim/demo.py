@@ -24,10 +24,12 @@ from gateway.app import create_app
 from gateway.config import load_settings
 from gateway.engines import get as get_engine
 from gateway.sim.model_dir import builtin_model_dir
+from gateway.sim.profiles import PROFILES
 
 MODEL = "demo-llama-3-8b"
 KV_EVENTS_PORT_OFFSET = 1000  # the gateway's kv_events.port_offset default
 KV_REPLAY_PORT_OFFSET = 2000  # and its replay_port_offset
+KV_EVENTS_PROFILE = "llama3-8b-h100-vllm-v1"  # events come from vLLM V1's block pool model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", default="vllm,vllm,vllm,tgi",
                         help="one simulated replica per GPU, by engine dialect "
                              "(default vllm,vllm,vllm,tgi)")
-    parser.add_argument("--profile", default="llama3-8b-a100",
-                        help="simulated GPU timing profile (default llama3-8b-a100)")
+    parser.add_argument("--profile", default=None,
+                        help="simulated GPU timing profile (default llama3-8b-a100; with "
+                             f"--kv-events {KV_EVENTS_PROFILE})")
     parser.add_argument("--max-model-len", type=int, default=4096,
                         help="context window of the simulated model (default 4096)")
     parser.add_argument("--balancer", default="least_outstanding_tokens")
@@ -44,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many seconds (default: until Ctrl-C)")
     parser.add_argument("--kv-events", action="store_true",
                         help="vLLM replicas publish KV cache events (HTTP port + 1000, replay "
-                             "+ 2000) and the gateway routes on them; needs a vllm-v1 --profile")
+                             "+ 2000) and the gateway routes on them (a vllm-v1 --profile)")
     parser.add_argument("--no-examples", action="store_true",
                         help="do not run the three examples at start")
 
@@ -89,6 +92,12 @@ def _abridge(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.profile is None:
+        args.profile = KV_EVENTS_PROFILE if args.kv_events else "llama3-8b-a100"
+    elif args.kv_events and PROFILES[args.profile].kind != "vllm-v1":
+        print(f"llm-gateway demo: --kv-events needs a vllm-v1 --profile (e.g. "
+              f"{KV_EVENTS_PROFILE}), not {args.profile}", file=sys.stderr)
+        return 2
     model_dir = str(builtin_model_dir())
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     procs, replicas = [], []
