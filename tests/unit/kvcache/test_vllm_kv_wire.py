@@ -90,3 +90,17 @@ def test_events_that_cannot_be_read_are_dropped_and_named_the_rest_kept():
     assert batch.dropped == ("unknown", "malformed BlockStored", "malformed BlockStored",
                              "malformed BlockRemoved", "malformed BlockStored", "malformed",
                              "malformed")
+
+
+# vLLM 0.32's cache config, as its /metrics has it (an info gauge: every field a label).
+CACHE_INFO = ('vllm:cache_config_info{block_size="32",cache_dtype="auto",cpu_offload_gb="0",'
+              'enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",'
+              'num_cpu_blocks="None",num_gpu_blocks="64",num_gpu_blocks_override="64",'
+              'prefix_caching_hash_algo="sha256"} 1.0\n')
+
+
+def test_the_engines_block_count_and_size_come_from_its_cache_config():
+    from gateway.engines import vllm
+    signals = vllm.ENGINE.parse_signals("# HELP x\n" + CACHE_INFO)
+    assert (signals.kv_blocks, signals.kv_block_size) == (64, 32)
+    assert vllm.ENGINE.parse_signals("").kv_blocks is None
