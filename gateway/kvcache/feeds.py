@@ -36,6 +36,10 @@ def endpoints(replica: Replica, config: KvEventsConfig) -> tuple[str, str | None
     replay = (config.replay_port if config.replay_port is not None
               else None if config.replay_port_offset is None
               else url.port + config.replay_port_offset if url.port is not None else None)
+    if not 0 < port < 65536 or replay is not None and not 0 < replay < 65536:
+        log.warning("replica %s: the kv_events port rule gives port %s (replay %s), not a "
+                    "port: not subscribed", replica.name, port, replay)
+        return None
     return f"tcp://{host}:{port}", None if replay is None else f"tcp://{host}:{replay}"
 
 
@@ -47,6 +51,7 @@ class KvEventFeeds:
         self.metrics = metrics
         self.context = zmq.asyncio.Context()
         self._feeds: dict[str, tuple[Replica, EventSubscriber, asyncio.Task]] = {}
+        self._without: set[str] = set()  # replicas with no events to follow (asked once)
         self._healthy: dict[str, bool] = {}
 
     def reconcile(self) -> None:
@@ -58,8 +63,9 @@ class KvEventFeeds:
             self._healthy.pop(name, None)
             if self.metrics is not None:
                 self.metrics.forget(name)
+        self._without &= set(current)
         for name, replica in current.items():
-            if name not in self._feeds:
+            if name not in self._feeds and name not in self._without:
                 self._subscribe(replica)
             feed = self._feeds.get(name)
             if feed is None:
@@ -79,6 +85,7 @@ class KvEventFeeds:
         decode = replica.profile.decode_kv_events
         where = endpoints(replica, self.config) if decode is not None else None
         if where is None:
+            self._without.add(replica.name)
             return
         blocks = ReplicaBlocks(self.config.pending_seconds, self.config.stale_after)
         subscriber = EventSubscriber(replica.name, where[0], where[1], self.config.topic,
