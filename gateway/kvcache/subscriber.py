@@ -115,9 +115,12 @@ class EventSubscriber:
             self._clear("restart")  # numbering began again: a new engine
         elif last is not None and seq > last + 1:
             self.stats.dropped["gap"] += seq - last - 1
+            clears = sum(self.stats.cleared.values())
             await self.replay(last + 1)
             if self.stats.last_seq is not None and seq <= self.stats.last_seq:
                 return  # the replay brought it
+            if (self.stats.last_seq or 0) < seq - 1 and sum(self.stats.cleared.values()) == clears:
+                self._clear("gap")  # the replay did not bring what was missed
         self._replayed_from = None
         self._apply(seq, frames[2])
 

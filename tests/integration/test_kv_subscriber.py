@@ -152,3 +152,12 @@ async def test_a_disconnect_stops_routing_on_events_and_a_reconnect_replays(rig)
     publisher.pub.bind(f"tcp://127.0.0.1:{port}")
     await wait_until_async(lambda: blocks.connected and matched(blocks) == 2, timeout=15)
     assert publisher.replays == [1]
+
+
+async def test_a_gap_the_replay_answers_with_nothing_clears_the_index(rig):
+    publisher, subscriber, blocks = rig
+    await publisher.send(0, stored(0))
+    await wait_until_async(lambda: matched(blocks) == 1, timeout=10)
+    await publisher.pub.send_multipart([b"kv", (3).to_bytes(8, "big"), stored(1)])  # 1, 2 lost
+    await wait_until_async(lambda: subscriber.stats.last_seq == 3, timeout=10)
+    assert publisher.replays == [1] and subscriber.stats.cleared["gap"] == 1
