@@ -174,17 +174,23 @@ def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
         "health": {"interval": 0.5, "timeout": 10.0},
         "outlier": {"consecutive_failures": 1, "base_ejection": 2.0}}
     with gateway_server(tmp_path, config) as (gateway, _):
-        # Long streams (the window allows 1,000 tokens): the tiny model writes 400 in about a
-        # second, which a loaded machine's polling of the engine's gauge could miss.
-        running = [Stream(gateway, 960) for _ in range(8)]
-        wait_until(lambda: sum(s.replica == "victim" for s in running) >= 2, 60,
-                   "streams on the victim")
-        # Mid-stream on the victim: a stream whose first token came is still open there (the
-        # gateway's own count; the engine's running gauge, scraped under load, was seen to
-        # miss it for 30 s).
-        wait_until(lambda: replicas(gateway)["victim"]["in_flight"] >= 1, 30,
+        # Long streams (the window allows 1,000 tokens), kept coming (round robin: every
+        # other one to the victim) until one is streaming from there: its answer began (the
+        # client has the victim's name) and has not ended. The tiny model writes 960 tokens
+        # in 2-3 s, so a fixed set of streams had all ended on a loaded machine before a
+        # check saw one (a fresh-clone run); the engine's running gauge, scraped under load,
+        # was seen to miss them for 30 s.
+        running: list[Stream] = []
+
+        def victim_mid_stream() -> bool:
+            if sum(s.thread.is_alive() for s in running) < 8 and len(running) < 64:
+                running.append(Stream(gateway, 960))
+            return any(s.replica == "victim" and s.thread.is_alive() for s in running)
+
+        wait_until(victim_mid_stream, 60,
                    lambda: f"a stream open on the victim: {replicas(gateway)['victim']}, "
-                           f"engine running {victim.metric('vllm:num_requests_running')}")
+                           f"engine running {victim.metric('vllm:num_requests_running')}",
+                   every=0.1)
         victim.kill()
         after = [Stream(gateway, 20) for _ in range(8)]  # sent after the kill
         for s in running + after:
