@@ -72,6 +72,10 @@ _POSITIONAL = {
 }
 
 
+class _UnknownEvent(ValueError):
+    """An event of a type this gateway does not know (a newer vLLM's)."""
+
+
 def _hash(value: Any) -> int | bytes:
     if isinstance(value, (int, bytes)) and not isinstance(value, bool):
         return value
@@ -112,7 +116,7 @@ def _kv_event(raw: Any) -> KvEvent:
         return BlockRemoved(tuple(_hash(h) for h in fields["block_hashes"]), fields.get("medium"))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
-    raise ValueError(f"unknown event type {kind!r}")
+    raise _UnknownEvent(kind)
 
 
 def decode_kv_batch(payload: bytes) -> EventBatch:
@@ -133,7 +137,7 @@ def decode_kv_batch(payload: bytes) -> EventBatch:
         except (ValueError, TypeError, KeyError) as exc:
             kind = raw_event.get("type") if isinstance(raw_event, dict) else (
                 raw_event[0] if isinstance(raw_event, list) and raw_event else None)
-            dropped.append("unknown" if str(exc).startswith("unknown event")
+            dropped.append("unknown" if isinstance(exc, _UnknownEvent)
                            else f"malformed {kind}" if isinstance(kind, str) else "malformed")
     return EventBatch(ts, tuple(good), rank, tuple(dropped))
 

@@ -191,9 +191,7 @@ class ReplicaBlocks:
         keys = prompt.keys(size)
         self.predicted_tokens += matched_blocks * size
         self.queried_tokens += len(prompt)
-        pending = self._pending
-        while pending and next(iter(pending.values())) <= now:
-            pending.popitem(last=False)
+        pending = self._pending_at(now)
         until = now + self.pending_seconds
         new = False
         for key in keys[matched_blocks:]:
@@ -203,6 +201,13 @@ class ReplicaBlocks:
                 new = True
         if new and self._awaited_since is None:
             self._awaited_since = now
+
+    def _pending_at(self, now: float) -> OrderedDict[int, float]:
+        """The blocks sent and not yet expired (kept in expiry order: drop from the front)."""
+        pending = self._pending
+        while pending and next(iter(pending.values())) <= now:
+            pending.popitem(last=False)
+        return pending
 
     def size(self) -> int:
         return len(self._blocks)
@@ -222,5 +227,4 @@ class ReplicaBlocks:
         just sent), as a share of the engine's blocks: near 0, new blocks land in room to
         spare; 1 or more, each one evicts a block stored moments ago (a cache too small for
         what is sent there)."""
-        pending = sum(1 for until in self._pending.values() if until > now)
-        return (self._decayed(now) + pending) / max(1, self.capacity)
+        return (self._decayed(now) + len(self._pending_at(now))) / max(1, self.capacity)
