@@ -42,6 +42,7 @@ from gateway.dataplane.admission import Admitter, Prepared
 from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
+from gateway.dataplane.prefill import Prefiller
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.fleet.response_homes import ResponseHomes
@@ -162,8 +163,11 @@ class Gateway:
         self.probe_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.relay = Relay(self.upstream, self.settings.timeouts, self.outcomes)
+        prefiller = Prefiller(self.placer, self.upstream, self.settings.timeouts, self.outcomes,
+                              self.retry_budget, self.settings.retries.max_attempts)
         self.attempts = Attempts(self.placer, self.relay, self.retry_budget,
-                                 self.settings.retries.max_attempts, self.outcomes, self.shadows)
+                                 self.settings.retries.max_attempts, self.outcomes, self.shadows,
+                                 prefiller)
         self.health = HealthChecker(self.replicas, self.probe_session, self.settings.health)
         self.fleet.probe = self._probe_new
         await asyncio.gather(*(discover_window(self.probe_session, r, self.settings.health.timeout)

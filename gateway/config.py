@@ -22,6 +22,7 @@ from gateway.balance import POLICIES
 from gateway.engines import NAMES as ENGINE_NAMES
 
 Engine = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
+Role = Literal["both", "prefill", "decode"]  # a replica's part in disaggregated serving
 
 
 class _Strict(BaseModel):
@@ -43,6 +44,9 @@ class ReplicaConfig(_Strict):
                                   "publisher, e.g. tcp://10.0.0.5:5557 (else the `kv_events` "
                                   "section's port rule)")
     kv_replay: str | None = Field(None, description="with `kv_events`: its replay socket")
+    role: Role = Field("both", description="disaggregated serving: `prefill` engines only "
+                       "prefill prompts, `decode` engines stream the answer from the KV a "
+                       "prefill engine made; `both` serves whole requests (docs/disaggregation.md)")
 
     @model_validator(mode="after")
     def _url_or_host_or_dns(self) -> "ReplicaConfig":
@@ -70,7 +74,7 @@ class ReplicaConfig(_Strict):
         if self.url is not None:
             return [self]
         return [ReplicaConfig(url=f"http://{self.host}:{self.base_port + gpu}", engine=self.engine,
-                              max_model_len=self.max_model_len,
+                              max_model_len=self.max_model_len, role=self.role,
                               name=f"{self.name}-gpu{gpu}" if self.name else None)
                 for gpu in range(self.gpus)]
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
@@ -41,6 +41,9 @@ from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.usage import Usage
 from gateway.upstream.failure import RETRY_KINDS, UPSTREAM_ERROR_KINDS, FailureKind
+
+if TYPE_CHECKING:
+    from gateway.dataplane.prefill import Prefill
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds; how stale a per-replica gauge may be under --workers N
@@ -106,6 +109,9 @@ IN_FLIGHT = _GaugeSpec("llm_gateway_replica_in_flight_requests",
                        "This gateway's requests in flight on the replica.", "livesum")
 HEALTHY = _GaugeSpec("llm_gateway_replica_healthy",
                      "1 if the replica passes its health checks.", "livemostrecent")
+ROLE = _GaugeSpec("llm_gateway_replica_role",
+                  "1 for the replica's role in disaggregated serving (both, prefill, decode): "
+                  "join on it to sum load by role.", "livemostrecent", extra_label="role")
 STATE = _GaugeSpec("llm_gateway_replica_state",
                    "1 for the replica's current state (healthy, unhealthy, ejected, draining), "
                    "0 for the others.", "livemostrecent", extra_label="state")
@@ -122,7 +128,7 @@ ENGINE_WAITING = _GaugeSpec("llm_gateway_engine_waiting_requests",
 ENGINE_KV_USAGE = _GaugeSpec("llm_gateway_engine_kv_cache_usage_ratio",
                              "Fraction of the engine's KV cache in use, 0-1 (its /metrics, last "
                              "scrape).", "livemostrecent")
-REPLICA_GAUGES = (OUTSTANDING, IN_FLIGHT, HEALTHY, STATE, WINDOW, ENGINE_RUNNING, ENGINE_WAITING,
+REPLICA_GAUGES = (OUTSTANDING, IN_FLIGHT, HEALTHY, ROLE, STATE, WINDOW, ENGINE_RUNNING, ENGINE_WAITING,
                   ENGINE_KV_USAGE)
 REPLICA_GAUGE_LABELS = ("model", "pool", "replica", "engine")
 
@@ -141,6 +147,7 @@ def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger,
         yield OUTSTANDING, labels, load.outstanding_tokens
         yield IN_FLIGHT, labels, load.in_flight
         yield HEALTHY, labels, 1.0 if replica.healthy else 0.0
+        yield ROLE, (*labels, replica.role), 1.0
         current = replica.state
         for state in REPLICA_STATES:
             yield STATE, (*labels, state), 1.0 if state == current else 0.0
@@ -153,6 +160,10 @@ def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger,
                                 (ENGINE_KV_USAGE, signals.kv_usage)):
                 if value is not None:  # e.g. llama.cpp reports no KV use
                     yield spec, labels, value
+
+
+def _replica_labels(replica: Replica) -> tuple[str, str, str, str]:
+    return replica.model, replica.pool, replica.name, replica.engine
 
 
 def multiprocess_mode() -> bool:
@@ -237,6 +248,27 @@ class GatewayMetrics:
                                         "Time an API key's requests waited in the gateway's "
                                         "queue for a free replica slot.", ("key", "model"),
                                         buckets=LATENCY_BUCKETS, registry=r)
+        # Disaggregated serving (gateway/dataplane/prefill.py).
+        self.prefill_time = Histogram("llm_gateway_prefill_seconds",
+                                      "A prefill replica's time to prefill a prompt for a "
+                                      "decode replica: request sent to answer (answered ones).",
+                                      REPLICA_GAUGE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.prefills = Counter("llm_gateway_prefills",
+                                "Prefills sent to a prefill replica, by outcome (ok, failed: "
+                                "the replica failed it, refused: it refused the request, "
+                                "abandoned: the client left).",
+                                (*REPLICA_GAUGE_LABELS, "outcome"), registry=r)
+        self.prefill_skipped = Counter("llm_gateway_prefill_skipped",
+                                       "Requests a decode replica prefilled itself, by reason "
+                                       "(unavailable: no prefill replica could take it, "
+                                       "failed: those tried failed, whole_request: it asks "
+                                       "for the prompt's own logprobs).",
+                                       (*REPLICA_GAUGE_LABELS, "reason"), registry=r)
+        self.kv_handoff = Histogram("llm_gateway_kv_handoff_seconds",
+                                    "Disaggregated: from the prefill's answer to the decode "
+                                    "replica's first token (the KV transfer and the decode's "
+                                    "own queue); by the decode replica.",
+                                    REPLICA_GAUGE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self._bound: dict[tuple[str, Api, str, str, str], ReplicaMeters] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
@@ -280,6 +312,24 @@ class GatewayMetrics:
         """A request failed on ``replica`` (a ``retryable`` kind) and is sent again elsewhere."""
         self.retries.labels(replica.model, replica.pool, replica.name, replica.engine,
                             kind.retry_label).inc()
+
+    def prefill_ended(self, prefill: "Prefill") -> None:
+        labels = _replica_labels(prefill.replica)
+        if prefill.error is not None:
+            outcome = "failed" if prefill.error.replica_fault else "refused"
+            self.upstream_error(prefill.replica, prefill.error)
+        elif prefill.status == 200:
+            outcome = "ok"
+            self.prefill_time.labels(*labels).observe(prefill.seconds)
+        else:
+            outcome = "abandoned"
+        self.prefills.labels(*labels, outcome).inc()
+
+    def prefill_skipped_by(self, decode: Replica, reason: str) -> None:
+        self.prefill_skipped.labels(*_replica_labels(decode), reason).inc()
+
+    def handed_off(self, decode: Replica, seconds: float) -> None:
+        self.kv_handoff.labels(*_replica_labels(decode)).observe(seconds)
 
     def queued(self, model: str, api: Api, seconds: float) -> None:
         """A request waited ``seconds`` in the gateway's queue for a free replica slot."""

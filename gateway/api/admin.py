@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.admin_view import AdminView, admin_view
 from gateway.canary.verdict_plan import CanaryError, judge_records, plan, since
-from gateway.config import Engine
+from gateway.config import Engine, Role
 from gateway.fleet.replica import Replica
 
 router = APIRouter(prefix="/admin")
@@ -69,12 +69,14 @@ class NewReplica(BaseModel):
     pool: str | None = None  # default: the model's first pool
     name: str | None = Field(None, min_length=1, max_length=200)
     max_model_len: int | None = Field(None, ge=1)
+    role: Role = "both"
 
 
 def _describe(view: AdminView, replica: Replica) -> dict[str, Any]:
     load = view.load(replica.name)
     return {"name": replica.name, "url": replica.url, "engine": replica.engine,
-            "model": replica.model, "pool": replica.pool, "state": replica.state,
+            "model": replica.model, "pool": replica.pool, "role": replica.role,
+            "state": replica.state,
             "healthy": replica.healthy, "draining": replica.draining,
             "ejected_until": replica.ejected_until if replica.ejected else None,
             "max_model_len": replica.max_model_len,
@@ -114,7 +116,7 @@ async def add_replica(request: Request, new: NewReplica) -> dict[str, Any]:
     pool = new.pool or view.fleet.models[new.model].pools[0].name
     try:
         replica = await view.fleet.add_replica(new.model, pool, new.url, new.engine, new.name,
-                                               new.max_model_len)
+                                               new.max_model_len, new.role)
     except KeyError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     except ValueError as exc:

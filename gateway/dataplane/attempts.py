@@ -7,6 +7,11 @@ told to the outcome listeners on the failed attempt (``Attempt.retried``): metri
 it there.
 
 Once a primary request answers, its model's shadow pools (canary) get their copies.
+
+A request placed on a ``decode`` replica is prefilled first on a prefill replica
+(``gateway.dataplane.prefill``). If the decode replica then fails before its first byte, the
+retry reuses that prefill when the failure never reached the engine (a refused connection:
+its KV is still where the prefill left it); otherwise the next decode replica gets a new one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.admission import Admission
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
+from gateway.dataplane.prefill import Prefill, Prefiller
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.dataplane.retry_budget import RetryBudget
@@ -25,6 +31,7 @@ from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.request import Context, GenerationRequest
+from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.canary.shadow import Shadows
@@ -32,13 +39,15 @@ if TYPE_CHECKING:
 
 class Attempts:
     def __init__(self, placer: Placer, relay: Relay, budget: RetryBudget, max_attempts: int,
-                 outcomes: Outcomes, shadows: "Shadows") -> None:
+                 outcomes: Outcomes, shadows: "Shadows",
+                 prefiller: Prefiller | None = None) -> None:
         self.placer = placer
         self.relay = relay
         self.budget = budget
         self.max_attempts = max_attempts
         self.outcomes = outcomes
         self.shadows = shadows
+        self.prefiller = prefiller  # None: no disaggregated serving (tests of the others)
 
     async def serve(self, request: GenerationRequest, context: Context, model: ServedModel,
                     admission: Admission, record: RequestRecord) -> Reply:
@@ -47,14 +56,29 @@ class Attempts:
         self.budget.request()
         tried: list[Replica] = []
         key = sticky_key(request, context)
+        prefill: Prefill | None = None
         while True:
             placement = await self.placer.place(model, admission, exclude=tried, key=key,
                                                 caller=context.caller)
+            if placement.replica.role != "decode":
+                prefill = None
+            elif prefill is None and self.prefiller is not None:
+                try:
+                    prefill = await self.prefiller.prefill(request, placement,
+                                                           record.request_id, key,
+                                                           context.caller)
+                except BaseException:
+                    placement.lease.close()
+                    raise
+            elif prefill is not None:  # reused: the prompt is prefilled
+                placement.lease.first_token()
             try:
-                reply = await self.relay.forward(request, placement, record)
+                reply = await self.relay.forward(request, placement, record, prefill)
             except GatewayError as error:
                 tried.append(placement.replica)
                 failure = error.failure
+                if failure is not FailureKind.CONNECT:  # the decode engine may have taken it
+                    prefill = None
                 if (failure is None or not failure.retryable or len(tried) >= self.max_attempts
                         or not any(r.available and r not in tried for r in admission.replicas)
                         or not self.budget.try_spend()):

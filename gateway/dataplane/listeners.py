@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from gateway.canary.samples import SampleBook
 from gateway.dataplane.outcome import Attempt, Listener, RequestRecord
+from gateway.dataplane.placement import Placement
+from gateway.dataplane.prefill import Prefill
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.response_homes import ResponseHomes
 from gateway.metrics import GatewayMetrics, status_class
@@ -22,6 +24,9 @@ class RequestMetrics(Listener):
         meter = self.metrics.for_replica(attempt.replica, attempt.request.api, attempt.role,
                                          attempt.placement.name, attempt.request.path)
         meter.ttft.observe(attempt.first_at - attempt.arrival)  # type: ignore[operator]
+        if attempt.prefill is not None:
+            self.metrics.handed_off(attempt.replica,
+                                    attempt.first_at - attempt.prefill.ended_at)  # type: ignore[operator]
 
     def ended(self, attempt: Attempt) -> None:
         metrics = self.metrics
@@ -54,6 +59,12 @@ class RequestMetrics(Listener):
     def retried(self, attempt: Attempt) -> None:
         self.metrics.retry(attempt.replica, attempt.error)  # type: ignore[arg-type]
 
+    def prefilled(self, prefill: Prefill) -> None:
+        self.metrics.prefill_ended(prefill)
+
+    def prefill_skipped(self, decode: Placement, reason: str) -> None:
+        self.metrics.prefill_skipped_by(decode.replica, reason)
+
     def request_ended(self, record: RequestRecord) -> None:
         refusal, key = record.refusal, record.key
         if refusal is not None:
@@ -82,6 +93,12 @@ class OutlierRecord(Listener):
             self.outlier.failure(attempt.replica)
         elif attempt.replica_served:
             self.outlier.success(attempt.replica)
+
+    def prefilled(self, prefill: Prefill) -> None:
+        if prefill.error is not None and prefill.error.replica_fault:
+            self.outlier.failure(prefill.replica)
+        elif prefill.handoff is not None or (prefill.error is None and prefill.status == 200):
+            self.outlier.success(prefill.replica)
 
 
 class CanarySamples(Listener):

@@ -6,7 +6,10 @@ an ``Attempt`` as it goes and tells the ``Outcomes``, never per event: as it is 
 the listeners that add a header there: tracing), at its first token (a stream that got
 one), at its end (always, once), and, from the retry loop, when a retry follows it (only a
 failure before any byte reached the client: never after a first token). So a listener
-hears an attempt once to three times. Everything that learns from how requests went
+hears an attempt once to three times. A disaggregated request's prefills are not attempts
+(their answer never reaches the client): each is told once, when it ends (``prefilled``),
+and a decode replica that prefills for itself instead is told too (``prefill_skipped``).
+Everything that learns from how requests went
 listens there, registered once at wiring: the request metrics (retries and queueing
 included), passive outlier detection, the canary's samples, the output-length estimate,
 where stored Responses live, tracing.
@@ -31,6 +34,7 @@ from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.dataplane.placement import Placement
+    from gateway.dataplane.prefill import Prefill
     from gateway.fleet.replica import Replica
 
 
@@ -51,6 +55,7 @@ class Attempt:
     retried: bool = False  # it failed before any byte reached the client; a retry followed
     usage: Usage = field(default_factory=Usage)
     trace: Any = None  # tracing's span of it (None: tracing off)
+    prefill: "Prefill | None" = None  # disaggregated: the prefill whose KV it decodes from
 
     @property
     def replica(self) -> "Replica":
@@ -164,6 +169,14 @@ class Listener:
     def retried(self, attempt: Attempt) -> None:
         """``attempt`` has ended failed (``error``) and the request is tried again elsewhere."""
 
+    def prefilled(self, prefill: "Prefill") -> None:
+        """A prefill for a decode replica ended (answered, failed, or abandoned)."""
+
+    def prefill_skipped(self, decode: "Placement", reason: str) -> None:
+        """The decode replica of ``decode`` prefills the prompt itself: no prefill replica
+        was available ("unavailable"), those tried failed ("failed"), or the request needs
+        the prompt's own logits ("whole_request")."""
+
     def request_started(self, record: RequestRecord) -> None:
         pass
 
@@ -184,6 +197,8 @@ class Outcomes:
         self._first = _overriding(self.listeners, "first_token")
         self._attempt_ended = _overriding(self.listeners, "ended")
         self._retried = _overriding(self.listeners, "retried")
+        self._prefilled = _overriding(self.listeners, "prefilled")
+        self._skipped = _overriding(self.listeners, "prefill_skipped")
         self._sending = _overriding(self.listeners, "sending")
         self._started = _overriding(self.listeners, "request_started")
         self._ended = _overriding(self.listeners, "request_ended")
@@ -210,6 +225,14 @@ class Outcomes:
     def retried(self, attempt: Attempt) -> None:
         for listener in self._retried:
             listener.retried(attempt)
+
+    def prefilled(self, prefill: "Prefill") -> None:
+        for listener in self._prefilled:
+            listener.prefilled(prefill)
+
+    def prefill_skipped(self, decode: "Placement", reason: str) -> None:
+        for listener in self._skipped:
+            listener.prefill_skipped(decode, reason)
 
     def request_started(self, record: RequestRecord) -> None:
         for listener in self._started:

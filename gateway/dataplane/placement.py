@@ -1,20 +1,24 @@
 """Placement: an admitted request's replica, picked by the balancing policy among those with
 a free slot, with the request's cost reserved there in the ledger; a request that finds
-every slot taken waits in its model's fair queue."""
+every slot taken waits in its model's fair queue.
+
+Disaggregated serving places a request twice: first the replica that answers (a ``decode``
+or ``both`` replica: never a ``prefill`` one), then, for a decode replica, a prefill replica
+of the same pool (``prefill_for``), balanced on the prompt alone (``prefill_cost``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Collection
 
 from gateway.balance.adapter_affinity import prefer_adapter
 from gateway.balance.fair_queue import FairQueue, Ticket
 from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
-from gateway.balance.policy import Policy
+from gateway.balance.policy import Policy, RequestCost
 from gateway.balance.pool_split import PoolSplit
 from gateway.config import BackpressureConfig
 from gateway.fleet.model import ServedModel
@@ -46,6 +50,16 @@ class Placement:
             self.outputs.observe(self.model.name, self.asked, generated)
 
 
+def _queue_name(model: str, prefill_for: Replica | None) -> str:
+    """Prefills wait in a queue of their own: only a prefill slot freed wakes them."""
+    return model if prefill_for is None else model + " (prefill)"
+
+
+def prefill_cost(cost: RequestCost) -> RequestCost:
+    """A prefill's cost: the whole prompt and the one token it answers with."""
+    return replace(cost, output_tokens=1)
+
+
 # A queued request also re-checks this often, for slots freed where no local lease closes
 # (another instance's requests, a replica coming back, an admin undrain).
 _RECHECK_SECONDS = 0.1
@@ -67,7 +81,8 @@ class Placer:
 
     async def place(self, model: ServedModel, admission: Admission,
                     exclude: Collection[Replica] = (), key: str | None = None,
-                    wait: bool = True, caller: Caller | None = None) -> Placement:
+                    wait: bool = True, caller: Caller | None = None,
+                    prefill_for: Replica | None = None) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
@@ -76,19 +91,20 @@ class Placer:
         ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
         a client in one pool (``gateway.balance.pool_split``). Without ``wait`` a request that
         finds no free slot is refused at once instead of queueing (shadow copies: they must
-        never hold a place in the clients' queue).
+        never hold a place in the clients' queue). With ``prefill_for`` (a decode replica)
+        it places the request's prefill on a prefill replica of that replica's pool.
         """
         loop = asyncio.get_running_loop()
-        queue = self._queue(model.name)
+        queue = self._queue(_queue_name(model.name, prefill_for))
         started = deadline = 0.0
         ticket: Ticket | None = None
         try:
             while True:
-                free = self._free_slots(model, admission, exclude, key)
+                free = self._free_slots(model, admission, exclude, key, prefill_for)
                 # A slot freed for a woken waiter is that waiter's: a newcomer that sees it
                 # joins the queue instead (a free slot no waiter was woken for is free).
                 if free and (ticket is not None or not wait or not queue.promised):
-                    placement = self._reserve(model, admission, free, key, caller)
+                    placement = self._reserve(model, admission, free, key, caller, prefill_for)
                     if started:
                         placement.queued_for = loop.time() - started
                     return placement
@@ -106,14 +122,22 @@ class Placer:
                 queue.leave(ticket)
 
     def _free_slots(self, model: ServedModel, admission: Admission,
-                    exclude: Collection[Replica], key: str | None) -> set[int]:
+                    exclude: Collection[Replica], key: str | None,
+                    prefill_for: Replica | None) -> set[int]:
         """ids of the replicas that could take the request now (raises if none ever can)."""
-        available = [r for r in admission.replicas if r.available and r not in exclude]
-        if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
-            available = self.split.own_pool(model.pools, available, key)
+        if prefill_for is None:  # the replica that answers: any but a prefill-only one
+            available = [r for r in admission.replicas
+                         if r.available and r not in exclude and r.role != "prefill"]
+            if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
+                available = self.split.own_pool(model.pools, available, key)
+        else:
+            available = [r for r in admission.replicas
+                         if r.available and r not in exclude and r.role == "prefill"
+                         and r.pool == prefill_for.pool]
         if not available:
-            raise NoReplicaAvailable(f"no available replica of model `{model.name}` can "
-                                     f"take this request now")
+            raise NoReplicaAvailable(f"no available {'prefill ' if prefill_for else ''}"
+                                     f"replica of model `{model.name}` can take this request "
+                                     f"now")
         return {id(r) for r in available if self._has_slot(r)}
 
     def _queue(self, model: str) -> FairQueue:
@@ -135,17 +159,25 @@ class Placer:
         return queue.enter(flow, caller.weight if caller is not None else 1.0, cost)
 
     def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
-                 key: str | None = None, caller: Caller | None = None) -> Placement:
-        pool = self.split.pick(model.pools, free, key)
-        assert pool is not None  # ``free`` is not empty
-        candidates = [r for r in pool.replicas if id(r) in free]
+                 key: str | None = None, caller: Caller | None = None,
+                 prefill_for: Replica | None = None) -> Placement:
+        if prefill_for is None:
+            pool = self.split.pick(model.pools, free, key)
+            assert pool is not None  # ``free`` is not empty
+            candidates = [r for r in pool.replicas if id(r) in free]
+            cost = admission.cost
+        else:  # the prefill replicas of the decode replica's pool, on the prompt alone
+            candidates = [r for r in admission.replicas if id(r) in free]
+            cost = prefill_cost(admission.cost)
         # A LoRA adapter: where the engine has it loaded, or a free adapter slot, first.
         candidates = prefer_adapter(candidates, admission.adapter, self.signals_max_age)
-        replica = self.policy.select(candidates, admission.cost, self.ledger)
-        asked = admission.cost.output_tokens
-        expected = asked if self.outputs is None else self.outputs.expect(model.name, asked)
-        lease = self.ledger.lease(replica.name, admission.cost.prompt_tokens, expected, asked)
-        lease.on_close = lambda: self._wake_one(model.name)
+        replica = self.policy.select(candidates, cost, self.ledger)
+        asked = cost.output_tokens
+        expected = asked if self.outputs is None or prefill_for is not None \
+            else self.outputs.expect(model.name, asked)
+        lease = self.ledger.lease(replica.name, cost.prompt_tokens, expected, asked)
+        queue_name = _queue_name(model.name, prefill_for)
+        lease.on_close = lambda: self._wake_one(queue_name)
         return Placement(model, admission, replica, lease, caller, asked=asked,
                          outputs=self.outputs, name=admission.name or model.name)
 

@@ -24,6 +24,7 @@ from typing import Callable
 from gateway.config import TimeoutsConfig
 from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
 from gateway.dataplane.placement import Placement
+from gateway.dataplane.prefill import Prefill
 from gateway.dataplane.reply import Reply, Sink, Tap
 from gateway.protocol.errors import (GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)
@@ -49,11 +50,12 @@ class Relay:
         self.clock = clock  # ``time.perf_counter``, as the edge's arrival times (tests: a fake)
 
     async def forward(self, request: GenerationRequest, placement: Placement,
-                      record: RequestRecord) -> Reply:
+                      record: RequestRecord, prefill: Prefill | None = None) -> Reply:
         """Send to the replica, as one more attempt of ``record``. Raises GatewayError (lease
         released) if nothing can be sent to the client; its ``failure`` says whether the
-        replica failed it and whether another replica may be tried."""
-        attempt = Attempt(request, placement, record.arrival)
+        replica failed it and whether another replica may be tried. ``prefill``: the
+        disaggregated prefill whose KV the (decode) replica is to take."""
+        attempt = Attempt(request, placement, record.arrival, prefill=prefill)
         record.attempts.append(attempt)
         request_id = record.request_id
         replica = placement.replica
@@ -65,6 +67,8 @@ class Relay:
                                placement.model.tokenizer, placement.model.window(replica),
                                admission.output_cap, admission.plan)
             path, body = translation.path, translation.body
+            if prefill is not None:
+                body = replica.profile.decode_body(body, prefill.handoff)
             # Bodies pass through undecoded: ask for them uncompressed (the client may not
             # accept an encoding, and a translated answer is parsed).
             headers = ((b"content-type", b"application/json"),

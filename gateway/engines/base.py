@@ -91,6 +91,25 @@ class Engine:
     # MalformedBatch); None: the engine publishes none the gateway can read ---
     decode_kv_events: Callable[[bytes], EventBatch] | None = None
 
+    # --- disaggregated serving (gateway/dataplane/prefill.py): a prefill engine computes a
+    # prompt's KV cache and a decode engine streams the answer from it ---
+    disaggregates: bool = False  # its engines can hand a prompt's KV cache to each other
+
+    def prefill_body(self, body: bytes) -> bytes | None:
+        """The body (as planned for this engine) made a prefill: one token, not streamed, the
+        KV kept for another engine. None: the request needs what only a whole run gives (the
+        prompt's own logprobs), so the decode engine prefills it itself."""
+        raise NotImplementedError(f"{self.title} does not disaggregate")
+
+    def handoff(self, answer: bytes) -> Any:
+        """What a prefill's answer gives the decode engine (None: nothing; ValueError: not an
+        answer)."""
+        raise NotImplementedError(f"{self.title} does not disaggregate")
+
+    def decode_body(self, body: bytes, handoff: Any) -> bytes:
+        """The body (as planned for this engine) with a prefill's ``handoff``."""
+        raise NotImplementedError(f"{self.title} does not disaggregate")
+
     # --- a TGI client on this engine (gateway/protocol/translate/tgi_request.py) ---
     # TGI parameter -> the /v1/completions field(s) it becomes; absent or None: no
     # equivalent (the request is refused with a 422 naming it, never sent without it).

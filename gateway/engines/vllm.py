@@ -2,7 +2,8 @@
 adapters listed on /v1/models and loaded at run time; the richest TGI mapping (token ids,
 prompt logprobs, its own truncation). Home of vLLM-only features: the wire of its KV-cache
 events (``decode_kv_batch``, ``encode_kv_batch``; gateway/kvcache subscribes to them) and
-``kv_transfer_params`` as it comes.
+disaggregated prefill's ``kv_transfer_params`` (``prefill_body``, ``handoff``,
+``decode_body``; gateway/dataplane/prefill.py drives them).
 
 Load signals: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before 0.9); with LoRA also
@@ -20,12 +21,17 @@ from types import MappingProxyType
 from typing import Any
 
 import msgpack
+import orjson
 
 from gateway.engines.base import OPENAI_TGI_PARAMETERS, Engine
 from gateway.engines.signals import EngineSignals, SignalMetrics
 from gateway.kvcache.events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
                                     KvEvent, MalformedBatch)
 
+# A prefill's request: keep the KV for a remote decode (NixlConnector answers with where it is).
+PREFILL_PARAMS = MappingProxyType({"do_remote_decode": True, "do_remote_prefill": False,
+                                   "remote_engine_id": None, "remote_block_ids": None,
+                                   "remote_host": None, "remote_port": None})
 LORA_INFO = "vllm:lora_requests_info"
 CACHE_INFO = "vllm:cache_config_info"
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -235,6 +241,35 @@ class VLLM(Engine):
     def adapter_loaded(self, status: int, text: str) -> bool:
         # vLLM answers 400 "already been loaded" to a second load: it is there.
         return status == 200 or "already been loaded" in text
+
+    # Disaggregated prefill, as vLLM's own P/D proxy drives it
+    # (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; ENGINE-WIRE.md).
+    disaggregates = True
+
+    def prefill_body(self, body: bytes) -> bytes | None:
+        fields = orjson.loads(body)
+        if fields.get("prompt_logprobs") is not None or fields.get("echo"):
+            return None  # the prompt's logits: only an engine that computes it has them
+        fields.update(stream=False, max_tokens=1, kv_transfer_params=dict(PREFILL_PARAMS))
+        if "max_completion_tokens" in fields:
+            fields["max_completion_tokens"] = 1
+        for name in ("stream_options", "min_tokens", "min_completion_tokens"):
+            fields.pop(name, None)  # a one-token prefill refuses a longer minimum
+        return orjson.dumps(fields)
+
+    def handoff(self, answer: bytes) -> dict[str, Any] | None:
+        try:
+            params = orjson.loads(answer).get("kv_transfer_params")
+        except (orjson.JSONDecodeError, AttributeError):
+            raise ValueError("the prefill's answer is not a JSON object") from None
+        if params is not None and not isinstance(params, dict):
+            raise ValueError("kv_transfer_params is not an object")
+        return params or None  # a connector that needs none (ExampleConnector) answers none
+
+    def decode_body(self, body: bytes, handoff: Any) -> bytes:
+        if handoff is None:
+            return body
+        return orjson.dumps({**orjson.loads(body), "kv_transfer_params": handoff})
 
 
 ENGINE = VLLM()

@@ -43,6 +43,7 @@ class DnsTarget:
     engine: str
     max_model_len: int | None = None
     prefix: str | None = None  # the entry's `name`: replicas are then called PREFIX-ADDRESS
+    role: str = "both"
 
     def replica_name(self, address: str) -> str:
         return f"{self.prefix}-{address}" if self.prefix else f"{_host(address)}:{self.port}"
@@ -57,7 +58,7 @@ def _host(address: str) -> str:
 
 def targets(settings: Settings) -> list[DnsTarget]:
     return [DnsTarget(model.name, pool.name, entry.dns, entry.port, entry.engine,
-                      entry.max_model_len, entry.name)
+                      entry.max_model_len, entry.name, entry.role)
             for model in settings.models for pool in model.pools or []
             for entry in pool.replicas if entry.dns is not None]
 
@@ -148,7 +149,7 @@ class DnsDiscovery:
                 try:
                     replica = await self.fleet.add_replica(
                         target.model, target.pool, target.url(address), target.engine, name,
-                        target.max_model_len)
+                        target.max_model_len, target.role)
                 except ValueError as exc:  # e.g. the same replica is also listed by url
                     log.warning("%s: %s not added: %s", target.name, name, exc)
                     continue

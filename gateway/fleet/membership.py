@@ -27,14 +27,16 @@ class Fleet:
         raise KeyError(name)
 
     async def add_replica(self, model: str, pool: str, url: str, engine: str,
-                          name: str | None = None, max_model_len: int | None = None) -> Replica:
+                          name: str | None = None, max_model_len: int | None = None,
+                          role: str = "both") -> Replica:
         """Put a new replica into rotation: probed first."""
         served = self.models[model]
         target = next((p for p in served.pools if p.name == pool), None)
         if target is None:
             raise KeyError(f"model {model!r} has no pool {pool!r}")
         replica = Replica(name=name or url.split("://", 1)[-1].rstrip("/"), url=url,
-                          engine=engine, model=model, pool=pool, max_model_len=max_model_len)
+                          engine=engine, model=model, pool=pool, max_model_len=max_model_len,
+                          role=role)
         if any(r.name == replica.name for r in self.replicas):
             raise ValueError(f"replica {replica.name!r} exists already")
         if self.probe is not None:

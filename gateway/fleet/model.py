@@ -84,12 +84,14 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
                                                 model=config.name, pool=pool_config.name,
                                                 max_model_len=replica_config.max_model_len,
                                                 kv_events=replica_config.kv_events,
-                                                kv_replay=replica_config.kv_replay)
-            elif ((replica.url, replica.engine, replica.pool)
-                  != (url.rstrip("/"), replica_config.engine, pool_config.name)):
+                                                kv_replay=replica_config.kv_replay,
+                                                role=replica_config.role)
+            elif ((replica.url, replica.engine, replica.pool, replica.role)
+                  != (url.rstrip("/"), replica_config.engine, pool_config.name,
+                      replica_config.role)):
                 # One engine, one pool: the canary split and its metrics name the pool.
                 raise ValueError(f"replica {name!r} is listed twice with a different url, "
-                                 f"engine or pool (models {replica.model!r} and "
+                                 f"engine, pool or role (models {replica.model!r} and "
                                  f"{config.name!r})")
             replicas.append(replica)
         # A shadow pool takes no primary traffic: its weight is 0, whatever the config says.

@@ -39,11 +39,17 @@ class Replica:
     kv_events: str | None = None
     kv_replay: str | None = None
     kv_cache: ReplicaBlocks | None = field(default=None, repr=False)
+    # Disaggregated serving (gateway/dataplane/prefill.py): "prefill" engines only prefill
+    # prompts, "decode" engines answer from the KV one of those made, "both" do it all.
+    role: str = "both"
     profile: Engine = field(init=False, repr=False)  # what its engine is and does (engines/)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self.profile = engine_named(self.engine)
+        if self.role != "both" and not self.profile.disaggregates:
+            raise ValueError(f"replica {self.name!r}: {self.profile.title} cannot hand a "
+                             f"prompt's KV cache to another engine (role {self.role!r})")
 
     @property
     def ejected(self) -> bool:

@@ -38,6 +38,10 @@ class Sequence:
     prompt_ids: tuple[int, ...] = ()  # what KV events announce (``vllm_v1``, with kv_events)
     lora_name: str | None = None      # the LoRA adapter it runs under (keys its blocks)
     cache_salt: str | None = None     # vLLM's ``cache_salt`` (keys its first block)
+    # Disaggregated decode: prompt tokens whose KV another engine computed and this one has
+    # loaded before the request was added; admitted as computed (once: a preempted request
+    # recomputes what its own cache lost, as vLLM does).
+    external_tokens: int = 0
     arrived: float = 0.0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -165,6 +169,8 @@ class BatchScheduler:
                     s.computed = s.cached
                     self.meter.prefix_queries += s.prompt_tokens
                     self.meter.prefix_hits += s.cached
+                s.computed = max(s.computed, min(s.external_tokens, s.prompt_tokens - 1))
+                s.external_tokens = 0
             chunk = min(budget, s.prefill_target - s.computed)
             s.computed += chunk
             budget -= chunk

@@ -277,12 +277,16 @@ class V1Scheduler(BatchScheduler):
                 num_tokens = self._num_tokens(seq)
                 hit = self.pool.longest_hit(tuple(st.hashes), (num_tokens - 1) // self.block_size)
                 hit_tokens = len(hit) * self.block_size
+                # a disaggregated decode's prompt KV, loaded from the prefill engine (all but
+                # the last token, which is computed here for its logits)
+                hit_tokens = max(hit_tokens, min(seq.external_tokens, num_tokens - 1))
                 n = min(num_tokens - hit_tokens, budget)
                 extra = self.pool.evictable(hit)
                 # the whole prompt must fit (scheduler_reserve_full_isl), then this chunk
                 if _cdiv(num_tokens, self.block_size) - len(hit) + extra > self.pool.num_free():
                     break
                 self.waiting.popleft()
+                seq.external_tokens = 0
                 self.pool.touch(hit)
                 st.blocks, st.cached = list(hit), len(hit)
                 seq.computed = hit_tokens
