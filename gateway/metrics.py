@@ -267,7 +267,7 @@ class GatewayMetrics:
         self.kv_handoff = Histogram("llm_gateway_kv_handoff_seconds",
                                     "Disaggregated: from the prefill's answer to the decode "
                                     "replica's first token (the KV transfer and the decode's "
-                                    "own queue); by the decode replica.",
+                                    "own queue), of streamed requests; by the decode replica.",
                                     REPLICA_GAUGE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self._bound: dict[tuple[str, Api, str, str, str], ReplicaMeters] = {}
         self._queued: dict[tuple[str, Api], object] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
@@ -23,6 +24,7 @@ from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
 from gateway.sim.engine import make_engine
 from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
+from gateway.sim.kv_connector import KvConnector
 from gateway.sim.kv_publisher import KvEventPublisher, PublisherConfig
 from gateway.sim.lora import SimNames
 from gateway.sim.metrics import make_meter, render
@@ -67,6 +69,7 @@ class SimConfig:
     runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
     runner: str = "generate"             # vLLM --runner: generate, or pooling (embeddings ...)
     kv_events: PublisherConfig | None = None  # vLLM --kv-events-config: publish KV events
+    kv_connector: KvConnector | None = None  # vLLM --kv-transfer-config: disaggregated P/D
 
 
 class SimApp:
@@ -206,10 +209,12 @@ class SimApp:
                                job.cache_salt) if self.cfg.prefix_cache else ())
         seq = Sequence(job.prompt_tokens, job.max_new, job.finish_reason, hashes,
                        tuple(job.prompt_ids) if self.kv_publisher is not None else (),
-                       job.lora_name, job.cache_salt)
+                       job.lora_name, job.cache_salt, external_tokens=job.external_tokens)
         pieces = job.choices[0].pieces  # streams: one choice
         self.meter.requests_received += 1
         self.in_flight += 1
+        if job.transfer_s:  # a disaggregated decode loads the prompt's KV first
+            await asyncio.sleep(job.transfer_s / self.cfg.speed)
         engine.submit(seq)
         watcher = watch_disconnect(req.receive, lambda: engine.abort(seq)) if engine.delays else None
         try:
@@ -310,12 +315,30 @@ class SimApp:
                               job.continuous_usage and not cfg.no_stream_usage, d.data_prefix,
                               interval=max(cfg.stream_interval, job.extras.stream_interval)
                               if d.name == "vllm" else 1)
+        handoff = self._kv_transfer(req, body, job)
         self.names.begin(name)
         try:
             await self.run(req, job, events,
-                           lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab))
+                           lambda pieces, seq: openai_body(d.name, chat, model, job, self.vocab,
+                                                           handoff(seq)))
         finally:
             self.names.end(name)
+
+    def _kv_transfer(self, req: Request, body: dict[str, Any], job: Job
+                     ) -> Callable[[Sequence], dict[str, Any] | None]:
+        """Disaggregated prefill (``kv_connector``): a decode request's KV is loaded (set on
+        ``job``); what a prefill's answer says of its KV, once it has ended."""
+        connector = self.cfg.kv_connector
+        if connector is None or self.cfg.dialect != "vllm":
+            return lambda seq: None
+        params = body.get("kv_transfer_params")
+        job.external_tokens, job.transfer_s = connector.remote_prefill(params, job.prompt_tokens)
+        if not connector.remote_decode(params):
+            return lambda seq: None
+        request_id = dict(req.scope["headers"]).get(b"x-request-id", b"").decode("latin-1") \
+            or f"cmpl-{uuid.uuid4().hex}"
+        return lambda seq: (connector.handoff(request_id, job.prompt_tokens)
+                            if seq.finish_reason == "length" else None)
 
     async def models(self, req: Request) -> None:
         cards = self.names.cards(
@@ -509,7 +532,9 @@ class SimApp:
             "ttft_count": m.ttft.count, "ttft_sum_s": m.ttft.sum,
             "dialect": self.cfg.dialect, "profile": self.cfg.profile.name, "speed": self.cfg.speed,
             "faults": self.faults.as_dict(),
-            "kv_events": self.kv_publisher.state() if self.kv_publisher is not None else None})
+            "kv_events": self.kv_publisher.state() if self.kv_publisher is not None else None,
+            "kv_connector": (self.cfg.kv_connector.state() if self.cfg.kv_connector is not None
+                             else None)})
 
     async def get_faults(self, req: Request) -> None:
         await respond_json(req.send, 200, self.faults.as_dict())

@@ -33,13 +33,16 @@ examples:
       --kv-capacity-tokens 4096 --prefix-cache
   llm-gateway sim --dialect vllm --port 8004 --profile llama3-8b-h100-vllm-v1 --prefix-cache \\
       --kv-events-port 9004 --kv-replay-port 10004     # KV cache events, as vLLM publishes them
+  llm-gateway sim --dialect vllm --port 8005 --role prefill   # disaggregated: a prefill engine
+  llm-gateway sim --dialect vllm --port 8006 --role decode    # ... and a decode engine
 """
 
 from __future__ import annotations
 
 import argparse
 
-from gateway.sim.profiles import DEFAULT_PROFILE, PROFILES
+from gateway.sim.kv_connector import ROLES, KvConnector
+from gateway.sim.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 DIALECTS = ("vllm", "tgi", "sglang", "llamacpp", "lmdeploy")
 
@@ -120,6 +123,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument("--kv-events-positional", action="store_true",
                     help="the older event encoding: each event a positional array "
                          "[\"BlockStored\", ...] instead of a map with \"type\"")
+
+    pd = parser.add_argument_group(
+        "disaggregated prefill/decode (vLLM --kv-transfer-config with NixlConnector; "
+        "--dialect vllm)")
+    pd.add_argument("--role", choices=ROLES,
+                    help="prefill (kv_producer): a request with kv_transfer_params."
+                         "do_remote_decode answers, after its one token, where its KV waits; "
+                         "decode (kv_consumer): a request with the kv_transfer_params a prefill "
+                         "answered loads the prompt's KV instead of computing it; both "
+                         "(kv_both). Default: no KV connector (kv_transfer_params ignored)")
+    pd.add_argument("--kv-transfer-ms-per-block", type=float, default=0.08, metavar="MS",
+                    help="with --role: simulated time to load one KV block from the prefill "
+                         "engine (default 0.08: 16 tokens of an 8B model's KV, ~2 MB, at "
+                         "~25 GB/s)")
 
     wire = parser.add_argument_group("wire variants")
     wire.add_argument("--vllm-flat-errors", action="store_true",
@@ -204,7 +221,20 @@ def build_config(args: argparse.Namespace):
         stream_interval=max(args.stream_interval, 1),
         tgi_version=args.tgi_version or VERSION["tgi"], text_seed=args.text_seed,
         aliases=args.alias, lora_modules=_lora_modules(args.lora_modules), max_loras=args.max_loras,
-        runtime_lora=args.allow_runtime_lora, runner=args.runner, kv_events=kv_events)
+        runtime_lora=args.allow_runtime_lora, runner=args.runner, kv_events=kv_events,
+        kv_connector=_kv_connector(args, profile))
+
+
+def _kv_connector(args: argparse.Namespace, profile: Profile) -> KvConnector | None:
+    """The disaggregated-serving connector, or None without --role."""
+    if args.role is None:
+        return None
+    if args.dialect != "vllm":
+        raise ValueError("--role needs --dialect vllm (its kv_transfer_params)")
+    if args.kv_transfer_ms_per_block < 0:
+        raise ValueError("--kv-transfer-ms-per-block must be >= 0")
+    return KvConnector(args.role, profile.block_size, args.kv_transfer_ms_per_block / 1000.0,
+                       host=args.host, port=args.port + 3000)
 
 
 def _kv_events(args: argparse.Namespace, kind: str):

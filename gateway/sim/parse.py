@@ -65,6 +65,8 @@ class Job:
     extras: Extras = field_(default_factory=Extras)
     lora_name: str | None = None   # vLLM: the LoRA adapter named as the model
     cache_salt: str | None = None  # vLLM: keys the prompt's first KV block
+    external_tokens: int = 0  # disaggregated decode: prompt tokens whose KV is loaded (kv_connector)
+    transfer_s: float = 0.0  # ... and how long loading it takes (simulated seconds)
 
 
 @dataclass

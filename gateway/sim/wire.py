@@ -425,8 +425,10 @@ def llamacpp_body(chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
                          "timings": llamacpp_timings(job.prompt_tokens, generated)})
 
 
-def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
-    """A whole ``/v1/completions`` or ``/v1/chat/completions`` answer, every choice."""
+def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
+                kv_transfer_params: dict[str, Any] | None = None) -> bytes:
+    """A whole ``/v1/completions`` or ``/v1/chat/completions`` answer, every choice
+    (``kv_transfer_params``: a disaggregated prefill's, vLLM)."""
     vllm = dialect == "vllm"
     choices = []
     for index, c in enumerate(job.choices):
@@ -478,7 +480,8 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab) ->
                        "prompt_tokens_details": None, "completion_tokens_details": None}}
     if chat:
         body |= {**prompt_fields, "prompt_text": None}
-    body |= {"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+    body |= {"kv_transfer_params": kv_transfer_params, "ec_transfer_params": None,
+             "metrics": None}
     return orjson.dumps(body)
 
 
