@@ -43,6 +43,7 @@ from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.prefill import Prefiller
+from gateway.dataplane.prefill_metrics import PrefillMetrics
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.fleet.response_homes import ResponseHomes
@@ -143,6 +144,7 @@ class Gateway:
                                   listeners.CanarySamples(self.samples),
                                   listeners.OutputLengths(),
                                   listeners.ResponseHomesRecord(self.response_homes),
+                                  PrefillMetrics(self.metrics),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)

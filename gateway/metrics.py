@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
@@ -41,9 +41,6 @@ from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
 from gateway.protocol.usage import Usage
 from gateway.upstream.failure import RETRY_KINDS, UPSTREAM_ERROR_KINDS, FailureKind
-
-if TYPE_CHECKING:
-    from gateway.dataplane.prefill import Prefill
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds; how stale a per-replica gauge may be under --workers N
@@ -162,10 +159,6 @@ def replica_samples(replicas: Iterable[Replica], ledger: LoadLedger,
                     yield spec, labels, value
 
 
-def _replica_labels(replica: Replica) -> tuple[str, str, str, str]:
-    return replica.model, replica.pool, replica.name, replica.engine
-
-
 def multiprocess_mode() -> bool:
     """prometheus_client picks its value store at import from this variable."""
     return bool(os.environ.get(MULTIPROC_ENV))
@@ -248,27 +241,6 @@ class GatewayMetrics:
                                         "Time an API key's requests waited in the gateway's "
                                         "queue for a free replica slot.", ("key", "model"),
                                         buckets=LATENCY_BUCKETS, registry=r)
-        # Disaggregated serving (gateway/dataplane/prefill.py).
-        self.prefill_time = Histogram("llm_gateway_prefill_seconds",
-                                      "A prefill replica's time to prefill a prompt for a "
-                                      "decode replica: request sent to answer (answered ones).",
-                                      REPLICA_GAUGE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
-        self.prefills = Counter("llm_gateway_prefills",
-                                "Prefills sent to a prefill replica, by outcome (ok, failed: "
-                                "the replica failed it, refused: it refused the request, "
-                                "abandoned: the client left).",
-                                (*REPLICA_GAUGE_LABELS, "outcome"), registry=r)
-        self.prefill_skipped = Counter("llm_gateway_prefill_skipped",
-                                       "Requests a decode replica prefilled itself, by reason "
-                                       "(unavailable: no prefill replica could take it, "
-                                       "failed: those tried failed, whole_request: it asks "
-                                       "for the prompt's own logprobs).",
-                                       (*REPLICA_GAUGE_LABELS, "reason"), registry=r)
-        self.kv_handoff = Histogram("llm_gateway_kv_handoff_seconds",
-                                    "Disaggregated: from the prefill's answer to the decode "
-                                    "replica's first token (the KV transfer and the decode's "
-                                    "own queue), of streamed requests; by the decode replica.",
-                                    REPLICA_GAUGE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self._bound: dict[tuple[str, Api, str, str, str], ReplicaMeters] = {}
         self._queued: dict[tuple[str, Api], object] = {}
         self._replica_source: Callable[[], Iterable[Sample]] | None = None
@@ -312,24 +284,6 @@ class GatewayMetrics:
         """A request failed on ``replica`` (a ``retryable`` kind) and is sent again elsewhere."""
         self.retries.labels(replica.model, replica.pool, replica.name, replica.engine,
                             kind.retry_label).inc()
-
-    def prefill_ended(self, prefill: "Prefill") -> None:
-        labels = _replica_labels(prefill.replica)
-        if prefill.error is not None:
-            outcome = "failed" if prefill.error.replica_fault else "refused"
-            self.upstream_error(prefill.replica, prefill.error)
-        elif prefill.status == 200:
-            outcome = "ok"
-            self.prefill_time.labels(*labels).observe(prefill.seconds)
-        else:
-            outcome = "abandoned"
-        self.prefills.labels(*labels, outcome).inc()
-
-    def prefill_skipped_by(self, decode: Replica, reason: str) -> None:
-        self.prefill_skipped.labels(*_replica_labels(decode), reason).inc()
-
-    def handed_off(self, decode: Replica, seconds: float) -> None:
-        self.kv_handoff.labels(*_replica_labels(decode)).observe(seconds)
 
     def queued(self, model: str, api: Api, seconds: float) -> None:
         """A request waited ``seconds`` in the gateway's queue for a free replica slot."""

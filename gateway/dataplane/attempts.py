@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 from gateway.canary import shadow
 from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.admission import Admission
-from gateway.dataplane.outcome import Outcomes, RequestRecord
+from gateway.dataplane.outcome import Outcomes, Prefill, RequestRecord
 from gateway.dataplane.placement import Placer
-from gateway.dataplane.prefill import Prefill, Prefiller
+from gateway.dataplane.prefill import Prefiller
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.dataplane.retry_budget import RetryBudget

@@ -4,9 +4,7 @@ part of the gateway keeps (``gateway.dataplane.outcome``)."""
 from __future__ import annotations
 
 from gateway.canary.samples import SampleBook
-from gateway.dataplane.outcome import Attempt, Listener, RequestRecord
-from gateway.dataplane.placement import Placement
-from gateway.dataplane.prefill import Prefill
+from gateway.dataplane.outcome import Attempt, Listener, Prefill, RequestRecord
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.response_homes import ResponseHomes
 from gateway.metrics import GatewayMetrics, status_class
@@ -24,9 +22,6 @@ class RequestMetrics(Listener):
         meter = self.metrics.for_replica(attempt.replica, attempt.request.api, attempt.role,
                                          attempt.placement.name, attempt.request.path)
         meter.ttft.observe(attempt.first_at - attempt.arrival)  # type: ignore[operator]
-        if attempt.prefill is not None:
-            self.metrics.handed_off(attempt.replica,
-                                    attempt.first_at - attempt.prefill.ended_at)  # type: ignore[operator]
 
     def ended(self, attempt: Attempt) -> None:
         metrics = self.metrics
@@ -58,12 +53,6 @@ class RequestMetrics(Listener):
 
     def retried(self, attempt: Attempt) -> None:
         self.metrics.retry(attempt.replica, attempt.error)  # type: ignore[arg-type]
-
-    def prefilled(self, prefill: Prefill) -> None:
-        self.metrics.prefill_ended(prefill)
-
-    def prefill_skipped(self, decode: Placement, reason: str) -> None:
-        self.metrics.prefill_skipped_by(decode.replica, reason)
 
     def request_ended(self, record: RequestRecord) -> None:
         refusal, key = record.refusal, record.key

@@ -34,7 +34,6 @@ from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.dataplane.placement import Placement
-    from gateway.dataplane.prefill import Prefill
     from gateway.fleet.replica import Replica
 
 
@@ -97,6 +96,27 @@ class Attempt:
 
     def end(self, status: int, error: FailureKind | None = None) -> None:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
+
+
+@dataclass(slots=True, eq=False)
+class Prefill:
+    """One prefill of a request on a prefill replica; times are ``time.perf_counter()``."""
+
+    placement: "Placement"  # the prefill replica and the prompt's reservation there
+    decode: "Replica"  # the replica it prefills for
+    sent_at: float
+    ended_at: float = 0.0
+    status: int = 0  # the prefill replica's answer (0: none)
+    error: FailureKind | None = None  # why it failed (None: it did not)
+    handoff: Any = None  # what the decode engine is given (vLLM: kv_transfer_params)
+
+    @property
+    def replica(self) -> "Replica":
+        return self.placement.replica
+
+    @property
+    def seconds(self) -> float:
+        return self.ended_at - self.sent_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +189,7 @@ class Listener:
     def retried(self, attempt: Attempt) -> None:
         """``attempt`` has ended failed (``error``) and the request is tried again elsewhere."""
 
-    def prefilled(self, prefill: "Prefill") -> None:
+    def prefilled(self, prefill: Prefill) -> None:
         """A prefill for a decode replica ended (answered, failed, or abandoned)."""
 
     def prefill_skipped(self, decode: "Placement", reason: str) -> None:
@@ -226,7 +246,7 @@ class Outcomes:
         for listener in self._retried:
             listener.retried(attempt)
 
-    def prefilled(self, prefill: "Prefill") -> None:
+    def prefilled(self, prefill: Prefill) -> None:
         for listener in self._prefilled:
             listener.prefilled(prefill)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
+from gateway.dataplane.outcome import Outcomes, Prefill
 from gateway.dataplane.placement import Placement, Placer
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.protocol.errors import (GatewayError, NoReplicaAvailable, UpstreamTimeout,
@@ -31,34 +31,12 @@ from gateway.upstream.failure import FailureKind
 
 if TYPE_CHECKING:
     from gateway.config import TimeoutsConfig
-    from gateway.dataplane.outcome import Outcomes
     from gateway.fleet.replica import Replica
-
-
-@dataclass(slots=True, eq=False)
-class Prefill:
-    """One prefill of a request on a prefill replica; times are ``time.perf_counter()``."""
-
-    placement: Placement  # the prefill replica and the prompt's reservation there
-    decode: "Replica"  # the replica it prefills for
-    sent_at: float
-    ended_at: float = 0.0
-    status: int = 0  # the prefill replica's answer (0: none)
-    error: FailureKind | None = None  # why it failed (None: it did not)
-    handoff: Any = None  # what the decode engine is given (vLLM: kv_transfer_params)
-
-    @property
-    def replica(self) -> "Replica":
-        return self.placement.replica
-
-    @property
-    def seconds(self) -> float:
-        return self.ended_at - self.sent_at
 
 
 class Prefiller:
     def __init__(self, placer: Placer, pool: UpstreamPool, timeouts: "TimeoutsConfig",
-                 outcomes: "Outcomes", budget: RetryBudget, max_attempts: int,
+                 outcomes: Outcomes, budget: RetryBudget, max_attempts: int,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.placer = placer
         self.pool = pool

@@ -22,9 +22,8 @@ import time
 from typing import Callable
 
 from gateway.config import TimeoutsConfig
-from gateway.dataplane.outcome import Attempt, Outcomes, RequestRecord
+from gateway.dataplane.outcome import Attempt, Outcomes, Prefill, RequestRecord
 from gateway.dataplane.placement import Placement
-from gateway.dataplane.prefill import Prefill
 from gateway.dataplane.reply import Reply, Sink, Tap
 from gateway.protocol.errors import (GatewayError, UpstreamTimeout, UpstreamUnavailable,
                                      error_from_engine)

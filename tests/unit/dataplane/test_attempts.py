@@ -38,7 +38,7 @@ class ScriptedRelay:
         self.outcomes = outcomes
 
     async def forward(self, request: GenerationRequest, placement: Placement,
-                      record: RequestRecord) -> Reply:
+                      record: RequestRecord, prefill: object = None) -> Reply:
         attempt = Attempt(request, placement, record.arrival)
         record.attempts.append(attempt)
         placement.lease.close()
