@@ -86,7 +86,7 @@ class OutlierRecord(Listener):
     def prefilled(self, prefill: Prefill) -> None:
         if prefill.error is not None and prefill.error.replica_fault:
             self.outlier.failure(prefill.replica)
-        elif prefill.handoff is not None or (prefill.error is None and prefill.status == 200):
+        elif prefill.error is None and 200 <= prefill.status < 300:
             self.outlier.success(prefill.replica)
 
 

@@ -36,9 +36,11 @@ class ScriptedRelay:
     def __init__(self, script: list[GatewayError | None], outcomes: Outcomes) -> None:
         self.script = list(script)
         self.outcomes = outcomes
+        self.prefills: list[object] = []  # the prefill each attempt was sent with
 
     async def forward(self, request: GenerationRequest, placement: Placement,
                       record: RequestRecord, prefill: object = None) -> Reply:
+        self.prefills.append(prefill)
         attempt = Attempt(request, placement, record.arrival)
         record.attempts.append(attempt)
         placement.lease.close()
@@ -58,20 +60,36 @@ class Retries(Listener):
         self.heard.append((attempt.replica.name, attempt.error))
 
 
+class CountingPrefiller:
+    """Hands every decode replica a prefill of its own, and counts them."""
+
+    def __init__(self) -> None:
+        self.made: list[object] = []
+
+    async def prefill(self, request: GenerationRequest, decode: Placement, request_id: str,
+                      key: object = None, caller: object = None) -> object:
+        decode.lease.first_token()
+        self.made.append(object())
+        return self.made[-1]
+
+
 class Setup:
     def __init__(self, script: list[GatewayError | None], replicas: int = 3,
-                 max_attempts: int = 3, budget: RetryBudget | None = None) -> None:
-        self.replicas = [Replica(f"r{i}", f"http://127.0.0.1:{9000 + i}", "vllm", "m", "default")
-                         for i in range(replicas)]
+                 max_attempts: int = 3, budget: RetryBudget | None = None,
+                 role: str = "both") -> None:
+        self.replicas = [Replica(f"r{i}", f"http://127.0.0.1:{9000 + i}", "vllm", "m", "default",
+                                 role=role) for i in range(replicas)]
+        self.prefiller = CountingPrefiller()
         model = ServedModel("m", [Pool("default", 100, self.replicas)], None, 4096, 16)
         self.routing = Routing({"m": model}, make_policy("round_robin"), InProcessLedger())
         self.metrics = GatewayMetrics()
         self.retries = Retries()
         outcomes = Outcomes([RequestMetrics(self.metrics), self.retries])
         relay, shadows = ScriptedRelay(script, outcomes), SimpleNamespace(models=set())
+        self.relay = relay
         self.attempts = Attempts(self.routing.placer, relay,  # type: ignore[arg-type]
                                  budget or RetryBudget(1.0, 10.0), max_attempts, outcomes,
-                                 shadows)  # type: ignore[arg-type]
+                                 shadows, self.prefiller)  # type: ignore[arg-type]
         self.record = RequestRecord("id", Api.OPENAI, "/v1/completions", time.perf_counter())
 
     async def serve(self) -> Reply:
@@ -144,3 +162,23 @@ async def test_no_retry_without_another_available_replica_or_budget() -> None:
         await spent.serve()
     assert len(alone.record.attempts) == len(spent.record.attempts) == 1
     assert alone.retries.heard == spent.retries.heard == []
+
+
+async def test_a_decode_retry_reuses_the_prefill_only_when_the_failure_never_reached_the_engine(
+        ) -> None:
+    refused = Setup([unavailable(FailureKind.CONNECT), None], role="decode")
+    await refused.serve()
+    # No connection: the KV is where the prefill left it, for the next decode replica.
+    assert len(refused.prefiller.made) == 1
+    assert refused.relay.prefills == [refused.prefiller.made[0]] * 2
+    for error in (EngineError("boom", 503), unavailable(FailureKind.STREAM_BROKEN)):
+        reached = Setup([error, None], role="decode")
+        await reached.serve()
+        # The engine had the request: it may have taken the KV; the next one gets a new one.
+        assert len(reached.prefiller.made) == 2
+        assert reached.relay.prefills == reached.prefiller.made
+    whole = Setup([None])  # ordinary replicas: no prefill
+    await whole.serve()
+    assert whole.prefiller.made == [] and whole.relay.prefills == [None]
+    assert all(s.routing.ledger.load(r.name).in_flight == 0
+               for s in (refused, whole) for r in s.replicas)
