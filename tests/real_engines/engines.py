@@ -33,6 +33,16 @@ def vllm_python() -> Path:
     return path
 
 
+def nixl_env() -> dict[str, str]:
+    """The environment of a vLLM engine with NixlConnector: NIXL on its path, its side channel
+    on a free loopback port, UCX over TCP on loopback (no RDMA, no GPU here)."""
+    path = ENGINES / "nixl"
+    assert (path / "nixl").exists(), f"{path} missing: run `make test` (scripts/setup.sh installs NIXL)"
+    return {"PYTHONPATH": str(path), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "UCX_TLS": "tcp,self,sm",
+            "UCX_NET_DEVICES": "lo"}
+
+
 def llama_cpp_dir() -> Path:
     path = ENGINES / "llama.cpp"
     assert (path / "bin" / "llama-server").exists(), (
