@@ -80,7 +80,8 @@ class Attempts:
                 if failure is not FailureKind.CONNECT:  # the decode engine may have taken it
                     prefill = None
                 if (failure is None or not failure.retryable or len(tried) >= self.max_attempts
-                        or not any(r.available and r not in tried for r in admission.replicas)
+                        or not any(r.available and r not in tried and r.role != "prefill"
+                                   for r in admission.replicas)
                         or not self.budget.try_spend()):
                     raise
                 failed = record.attempts[-1]  # the relay's record of this try

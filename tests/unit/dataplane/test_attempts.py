@@ -182,3 +182,14 @@ async def test_a_decode_retry_reuses_the_prefill_only_when_the_failure_never_rea
     assert whole.prefiller.made == [] and whole.relay.prefills == [None]
     assert all(s.routing.ledger.load(r.name).in_flight == 0
                for s in (refused, whole) for r in s.replicas)
+
+
+async def test_prefill_replicas_are_not_left_to_retry_an_answer_on() -> None:
+    last = EngineError("boom", 503)
+    s = Setup([last, None], role="decode")
+    for prefill_only in s.replicas[1:]:
+        prefill_only.role = "prefill"
+    with pytest.raises(EngineError) as raised:  # the engine's failure, not "no replica"
+        await s.serve()
+    assert raised.value is last
+    assert [a.replica.name for a in s.record.attempts] == ["r0"]
