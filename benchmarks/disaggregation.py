@@ -1,7 +1,7 @@
 """Disaggregated prefill/decode against an aggregated fleet of as many GPUs, in virtual time.
 
     python -m benchmarks.disaggregation [--workloads long-prompt long-output] [--rows ...]
-        [--replicas 4] [--requests N] [--seeds 1 2 3 4 5] [--loads 0.8 ...]
+        [--replicas 4] [--requests N] [--seeds 1 2 3 4 5] [--loads 0.8 ...] [--warmup S]
         [--transfer-ms-per-block 0.084] [--compare ROW] [--saturation] [--out F.json]
 
 The question: at equal GPU count, does splitting the fleet into prefill and decode replicas
@@ -44,14 +44,18 @@ with the whole mix arriving at once: ``--saturation`` measures it):
 - **long-prompt**: 2,000-8,000 prompt tokens, 20-100 output tokens (RAG, summarization);
 - **long-output**: 100-500 prompt tokens, 300-1,000 output tokens (chat, generation).
 
-Reported per row, each a mean over seeds with its 95% t interval (seeds are independent
-schedules), and the paired difference from the ``--compare`` row (default the aggregated
-fleet under least_expected_work: same schedule per seed, a t interval over the seeds'
-differences; an interval that holds 0 cannot tell the rows apart): TTFT p50 and p99; ITL p99,
-the 99th percentile of every gap between two consecutive tokens of one request, all requests
-pooled (what vLLM's ``vllm:inter_token_latency_seconds`` histogram holds); TPOT p99, the
-99th percentile of each request's mean gap; output tokens/s from the first arrival to the
-last token (equal to the offered load unless a fleet falls behind).
+Measured from ``--warmup`` simulated seconds (default 20: longer than a long-output request
+lives at these loads, so the fleet has filled up) to the last arrival (the drain after it is
+left out). Reported per row, each a mean over seeds with its 95% t interval (seeds are
+independent schedules), and the paired difference from the ``--compare`` row (default the
+aggregated fleet under least_expected_work: same schedule per seed, a t interval over the
+seeds' differences; an interval that holds 0 cannot tell the rows apart): TTFT p50 and p99 of
+the requests arriving in the window; ITL p99, the 99th percentile of every gap between two
+consecutive tokens of one request ending in the window, all requests pooled (what vLLM's
+``vllm:inter_token_latency_seconds`` histogram holds); TPOT p99, the 99th percentile of each
+request's mean gap; output tokens/s in the window (the offered rate, printed above each table,
+unless a fleet falls behind: then its TTFTs grow with the schedule's length, and mean only
+"overloaded").
 
 What it leaves out: the HTTP path and the gateway's CPU; the gateway's in-flight limit and
 queue (``backpressure``, default 1,024 per replica: never reached at these loads unless a
@@ -96,6 +100,7 @@ REPLICAS = 4
 # 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes x 16 tokens over 25 GB/s, in ms
 TRANSFER_MS_PER_BLOCK = round(2 * 32 * 8 * 128 * 2 * 16 / 25e9 * 1e3, 3)
 POLICIES = ("least_outstanding_tokens", "least_expected_work")
+WARMUP = 20.0  # simulated seconds before the measured window
 DEFAULT_POLICY = "least_expected_work"
 
 
@@ -226,8 +231,11 @@ ARRIVE, STEP_END, KV_LOADED, SCRAPE = range(4)
 
 def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float],
             transfer_ms_per_block: float = TRANSFER_MS_PER_BLOCK,
-            profile: Profile = PROFILES[PROFILE]) -> dict[str, Any]:
-    """One row on one schedule, to the last token of the last request."""
+            profile: Profile = PROFILES[PROFILE], warmup: float = 0.0) -> dict[str, Any]:
+    """One row on one schedule, to the last token of the last request. Measured from
+    ``warmup`` simulated seconds to the last arrival (the fleet filling up and draining are
+    left out): TTFT and TPOT of the requests that arrive then, the token gaps and output
+    tokens that end then."""
     fleet, policy_name = parse_row(row)
     if fleet.budget is not None:
         profile = profile.with_overrides(max_batched_tokens=fleet.budget)
@@ -248,6 +256,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     prefilling = [e.replica for e in engines if e.replica.role == "prefill"]
     flights: dict[int, _Flight] = {}  # id(seq) -> its request
     totals = _Totals(ttft=[None] * len(requests))
+    start, end = warmup, arrivals[-1]  # the measured window
+    if end <= start and warmup:
+        raise ValueError(f"the schedule's arrivals end at {end:.1f} s, within the warm-up")
     events: list[tuple[float, int, int, Any]] = []
     order = 0
 
@@ -307,20 +318,23 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
     def streamed(s: Sequence, flight: _Flight) -> None:
         """A token reached the client: the lease releases it, as the relay does."""
         seen, flight.seen = flight.seen, s.generated
+        measured = start <= flight.arrived <= end
         if seen == 0:
             flight.lease.first_token()
             flight.first = now
-            totals.ttft[flight.index] = now - flight.arrived
-        else:
+            if measured:
+                totals.ttft[flight.index] = now - flight.arrived
+        elif start <= now <= end:
             totals.gaps.append(now - flight.last)
         flight.last = now
         flight.lease.generated(s.generated - seen)
-        totals.generated += s.generated - seen
+        if start <= now <= end:
+            totals.generated += s.generated - seen
         if s.finished:
             flight.lease.close()
             outputs.observe(MODEL, flight.req.output, s.generated)
             totals.finished += 1
-            if s.generated > 1:
+            if s.generated > 1 and measured:
                 totals.tpot.append((now - flight.first) / (s.generated - 1))
 
     for k, t in enumerate(arrivals):
@@ -353,7 +367,6 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
                     len(s.running), len(s.waiting), s.kv_used / profile.kv_capacity_tokens,
                     scraped_at=now, ledger_in_flight=ledger.load(e.replica.name).in_flight)
             push(now + weights.signals_interval, SCRAPE, None)
-    span = now - arrivals[0]
     left = {name: (load.outstanding_tokens, load.in_flight, load.prefill_tokens)
             for name, load in ledger.snapshot().items() if any(
                 (load.outstanding_tokens, load.in_flight, load.prefill_tokens))}
@@ -366,8 +379,9 @@ def run_row(w: Workload, row: str, requests: list[Request], arrivals: list[float
         "itl_p50_ms": _ms(_percentile(totals.gaps, 50)),
         "itl_p99_ms": _ms(_percentile(totals.gaps, 99)),
         "tpot_p99_ms": _ms(_percentile(totals.tpot, 99)),
-        "completed_per_s": totals.finished / span,
-        "output_tokens_per_s": totals.generated / span,
+        "measured": sum(t is not None for t in totals.ttft),
+        "completed_per_s": totals.finished / (now - arrivals[0]),
+        "output_tokens_per_s": totals.generated / (end - start) if end > start else None,
         "transfer_mean_ms": (1e3 * sum(totals.transfer) / len(totals.transfer)
                              if totals.transfer else None),
         "replicas": [{"name": e.replica.name, "role": e.replica.role, "requests": e.requests,
@@ -460,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
                              "engines' max_num_batched_tokens (default: the aggregated fleet "
                              f"under both token policies and @{SMALL_BUDGET}, every P/D split "
                              f"under {DEFAULT_POLICY})")
-    parser.add_argument("--requests", type=int, default=1000, help="per schedule")
+    parser.add_argument("--requests", type=int, default=1500, help="per schedule")
+    parser.add_argument("--warmup", type=float, default=WARMUP,
+                        help="simulated seconds left out at the start, while the fleet fills "
+                             f"up (default {WARMUP:g}: longer than a long-output request "
+                             "lives at these loads)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--loads", type=float, nargs="+", default=[0.8],
                         help="arrival rates as shares of the aggregated fleet's saturation")
@@ -496,17 +514,24 @@ def main(argv: list[str] | None = None) -> int:
         rows = [compare, *rows]
     scale = args.replicas / REPLICAS  # saturation grows with the fleet
     print(f"{PROFILE}, {args.replicas} replicas, {args.requests} requests x seeds "
-          f"{' '.join(map(str, args.seeds))}, KV transfer {args.transfer_ms_per_block} ms per "
-          f"block; mean ±95% t interval over seeds; (Δ: paired difference from {compare})")
+          f"{' '.join(map(str, args.seeds))}, measured from {args.warmup:g} s to the last "
+          f"arrival, KV transfer {args.transfer_ms_per_block} ms per block; mean ±95% t "
+          f"interval over seeds (Δ: paired difference from {compare})")
     report: list[dict[str, Any]] = []
     for name in args.workloads:
         w = WORKLOADS[name]
         for load in args.loads:
             rate = load * w.saturation * scale
             schedules = [schedule(w, args.requests, seed, rate) for seed in args.seeds]
-            runs = {row: [run_row(w, row, reqs, arr, args.transfer_ms_per_block)
+            if min(arr[-1] for _, arr in schedules) <= args.warmup:
+                parser.error(f"{name} at {rate:.1f} requests/s: {args.requests} requests "
+                             f"arrive within the {args.warmup:g} s warm-up; ask for more")
+            runs = {row: [run_row(w, row, reqs, arr, args.transfer_ms_per_block,
+                                  warmup=args.warmup)
                           for reqs, arr in schedules] for row in rows}
-            print(f"\n### {name} ({w.title}), {load:.0%} of saturation: {rate:.1f} requests/s\n")
+            offered = rate * sum(w.output) / 2
+            print(f"\n### {name} ({w.title}), {load:.0%} of saturation: {rate:.1f} requests/s, "
+                  f"{offered:.0f} output tokens/s offered\n")
             print("\n".join(markdown(runs, compare)))
             print()
             print("\n".join(notes(runs)), flush=True)
@@ -518,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"profile": PROFILE, "replicas": args.replicas, "requests": args.requests,
+                       "warmup": args.warmup,
                        "transfer_ms_per_block": args.transfer_ms_per_block, "rows": report},
                       f, indent=1)
     return 0

@@ -70,7 +70,7 @@ def test_fleet_names_parse_and_print_back() -> None:
 def test_the_driver_prints_a_table_with_paired_differences(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out.json"
     assert main(["--replicas", "2", "--workloads", "long-output", "--requests", "30",
-                 "--seeds", "1", "2", "--loads", "0.3", "--out", str(out)]) == 0
+                 "--warmup", "0", "--seeds", "1", "2", "--loads", "0.3", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     table = [line for line in printed.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == [
