@@ -33,7 +33,7 @@ the real ledger as ``gateway.dataplane.placement`` places it:
 KV transfer: ``--transfer-ms-per-block`` per 16-token block, default 0.084 ms. Llama-3-8B
 holds 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes = 128 KiB per token, so 2 MiB
 (2.1 MB) per block; over a ~25 GB/s link (a 200 Gb/s RDMA NIC, NIXL's usual path between
-nodes) that is 0.084 ms, or 43 ms for an 8k-token prompt. Each replica has one link; a
+nodes) that is 0.084 ms, or 42 ms for an 8k-token prompt. Each replica has one link; a
 transfer holds the sending prefill's and the receiving decode's links for its duration,
 first come first served (the one prefill of 1P+3D sends every prompt's KV).
 
@@ -462,6 +462,11 @@ def notes(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return out
 
 
+def _canonical(row: str) -> str:
+    fleet, policy = parse_row(row)
+    return f"{fleet.name}:{policy}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.disaggregation",
                                      description=__doc__.split("\n\n")[0])
@@ -510,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             make_policy(policy, SchedulingConfig())
     except (ValueError, KeyError) as exc:
         parser.error(str(exc))
+    rows = [_canonical(row) for row in rows]  # one name per row: `1P+3D` is 1P+3D:<default>
+    compare = _canonical(compare) if compare else None
     if compare and compare not in rows:
         rows = [compare, *rows]
     scale = args.replicas / REPLICAS  # saturation grows with the fleet
