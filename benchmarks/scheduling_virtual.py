@@ -50,7 +50,7 @@ from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import RequestCost, make_policy
 from gateway.balance.prefix_index import prompt_blocks
 from gateway.bench.loadgen import Request
-from benchmarks.stats import p99_difference
+from benchmarks.stats import mean_half_width, p99_difference
 from gateway.bench.report import percentile
 from benchmarks.scheduling import (ABLATIONS, DEFAULT_PROFILE, MODEL, OUR_POLICIES,
                                       REPLICAS, TIMING_MODELS, WORKLOADS, Workload,
@@ -421,14 +421,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def mean_interval(values: list[float]) -> str:
     """The mean over seeds with a 95% t interval (seeds are independent schedules)."""
-    m = statistics.mean(values)
     if len(values) < 2:
-        return f"{m:.3f}"
-    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+        return f"{statistics.mean(values):.3f}"
+    m, half = mean_half_width(values)
     return f"{m:.3f} ({m - half:.3f}..{m + half:.3f})"
-
-
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 def _summary(results: list[dict[str, Any]]) -> str:

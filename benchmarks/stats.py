@@ -1,5 +1,5 @@
-"""Statistics the development benchmarks report: the p99 of a run, and whether two rows' p99
-differ beyond chance (a paired block bootstrap)."""
+"""Statistics the development benchmarks report: the p99 of a run, whether two rows' p99
+differ beyond chance (a paired block bootstrap), and a mean over seeds with its 95% interval."""
 
 from __future__ import annotations
 
@@ -49,3 +49,24 @@ def p99_difference(rows: Sequence[Sequence[float | None]],
     low, high = percentile(draws, 2.5), percentile(draws, 97.5)
     assert low is not None and high is not None  # rounds > 0
     return statistics.mean(observed), low, high
+
+
+# Student's t, two-sided 95%, by degrees of freedom (past the table: 2.0, a little wide).
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+       10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11,
+       18: 2.10, 19: 2.09, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def t95(df: int) -> float:
+    """The 95% t quantile for ``df`` degrees of freedom (the next lower df in the table: wider)."""
+    return T95[max(k for k in T95 if k <= df)] if df <= 30 else 2.0
+
+
+def mean_half_width(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of independent values (one per seed) and the half-width of its 95% t
+    interval; with a paired difference per seed, an interval that holds 0 means the seeds
+    cannot tell the two rows apart. One value: half-width 0 (no interval)."""
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return m, 0.0
+    return m, t95(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5

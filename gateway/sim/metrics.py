@@ -83,6 +83,9 @@ class Meter:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    # context tokens computed (prompts, and what a preempted request recomputes), not the
+    # decodes' one token each: what disaggregation moves to the prefill engines (not exported)
+    prefill_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     steps: int = 0

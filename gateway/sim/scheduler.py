@@ -184,6 +184,7 @@ class BatchScheduler:
         end = now + duration
         self.meter.steps += 1
         self.meter.busy_slots += len(self.running)
+        self.meter.prefill_tokens += prefill
         for s in emitting:
             self._emit(s, end)
         return duration, emitting

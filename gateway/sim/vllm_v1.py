@@ -294,9 +294,11 @@ class V1Scheduler(BatchScheduler):
                 self.running.append(seq)
                 if seq.admitted_at is None:
                     seq.admitted_at = now
-                    seq.cached = hit_tokens
+                    # vLLM's prefix-cache stats count local hits only (get_computed_blocks);
+                    # KV loaded from a prefill engine is the connector's, not a hit
+                    seq.cached = len(hit) * self.block_size
                     self.meter.prefix_queries += seq.prompt_tokens
-                    self.meter.prefix_hits += hit_tokens
+                    self.meter.prefix_hits += seq.cached
                 scheduled.append((seq, n))
                 budget -= n
         if not scheduled:
@@ -312,6 +314,10 @@ class V1Scheduler(BatchScheduler):
             seq.computed += n
             if seq.computed == self._num_tokens(seq):
                 emitting.append(seq)
+                # the token after the last one generated is a decode; the rest is context
+                self.meter.prefill_tokens += n - 1 if seq.generated else n
+            else:
+                self.meter.prefill_tokens += n
         for seq in emitting:
             self._emit(seq, end)
         return duration, emitting

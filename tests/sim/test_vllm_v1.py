@@ -201,3 +201,22 @@ def test_the_fitted_profile_runs_a_closed_loop() -> None:
     few = closed_loop(profile, 4, 512, 128, duration_s=30, warmup_s=5)
     many = closed_loop(profile, 64, 512, 128, duration_s=30, warmup_s=5)
     assert many.output_tokens_per_s > 4 * few.output_tokens_per_s
+
+
+def test_a_disaggregated_decode_computes_only_the_last_prompt_token() -> None:
+    """KV loaded from a prefill engine (``external_tokens``) is admitted as computed: one
+    token is computed, for its logits, in the first step; the whole prompt's blocks are held;
+    vLLM's prefix-cache stats count local hits only, and the meter counts one context token."""
+    s = sched(prefix_cache=True)
+    remote = Sequence(150, 3, block_hashes=block_hashes(range(150), 16), external_tokens=150)
+    s.add(remote, 0.0)
+    d, emitted = s.step(0.0)
+    assert emitted == [remote] and remote.generated == 1
+    assert abs(d - (0.010 + 0.0001 + 0.001)) < 1e-12  # 1 token, 1 request: not 64 + 64 + 22
+    assert s.kv_used == 160  # the whole prompt's blocks: ceil(150 / 16)
+    assert s.meter.prefix_hits == 0 and s.meter.prefill_tokens == 1
+    run(s)
+    local = seq(100, 2, first_id=1000)
+    s.add(local, 0.0)
+    run(s)
+    assert s.meter.prefill_tokens == 1 + 100  # decodes are not context; a local prompt is
