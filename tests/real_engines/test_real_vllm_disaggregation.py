@@ -166,16 +166,16 @@ def test_nixl_kv_transfer_params_take_the_kv_to_the_decode_engine(
     assert {"remote_block_ids", "remote_engine_id", "remote_request_id",
             "remote_port"} <= set(params)
     before = decode.metric(TRANSFERS)
-    for k in range(1, 5):
+    for k in range(1, 4):  # each takes seconds here (NIXL's handshake and reads over TCP)
         body = {"model": "tiny", "prompt": nixl_prompt(k), "max_tokens": 12, "temperature": 0,
                 "stream": True, "return_token_ids": True}
         via = httpx.post(nixl_gateway + "/v1/completions", json=body, timeout=120)
         assert via.status_code == 200 and via.headers["x-gateway-replica"] == "decode"
         alone = httpx.post(aggregated.url + "/v1/completions", json=body, timeout=60)
         assert tokens_of(via.text) == tokens_of(alone.text)
-    wait_until(lambda: decode.metric(TRANSFERS) - before == 4, 10,
+    wait_until(lambda: decode.metric(TRANSFERS) - before == 3, 10,
                lambda: f"NIXL reads on the decode engine: {decode.metric(TRANSFERS) - before}")
-    assert by_label(nixl_gateway, "llm_gateway_prefills_total", "outcome").get("ok") == 4
+    assert by_label(nixl_gateway, "llm_gateway_prefills_total", "outcome").get("ok") == 3
     wait_until(lambda: metric_sum(nixl_gateway, "llm_gateway_replica_outstanding_tokens") == 0,
                10, "every lease returned")
 
