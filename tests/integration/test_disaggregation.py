@@ -194,3 +194,22 @@ def test_ordinary_replicas_beside_a_pd_pair_take_whole_requests_and_prefill_ones
         assert connector(urls["p0"])["sent"] == served.count("d0")
         roles = by_label(gw, "llm_gateway_replica_role", "role")
         assert set(roles) == {"prefill", "decode", "both"}
+
+
+def test_a_decode_replica_added_at_run_time_is_prefilled_for(
+        model_dir: Path, tmp_path: Path) -> None:
+    admin = {"authorization": "Bearer admin-secret"}
+    with fleet(model_dir, tmp_path, prefills=1, extra={"admin_token": "admin-secret"}) as (gw, urls), \
+            sim("vllm", MODEL, 4096, "--tokenizer", str(model_dir), *SIM, "--role", "decode") as d1:
+        added = httpx.post(gw + "/admin/replicas", headers=admin, timeout=30, json={
+            "model": MODEL, "url": d1, "name": "d1", "role": "decode"})
+        assert added.status_code == 201 and added.json()["role"] == "decode"
+        # An engine that cannot hand its KV over is refused the role.
+        refused = httpx.post(gw + "/admin/replicas", headers=admin, timeout=30, json={
+            "model": MODEL, "url": "http://127.0.0.1:9", "engine": "tgi", "role": "prefill"})
+        assert refused.status_code == 409 and "role" in refused.text
+        httpx.post(gw + "/admin/replicas/d0/drain", headers=admin, timeout=10)
+        r = httpx.post(gw + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": PROMPT, "max_tokens": 3})
+        assert r.status_code == 200 and r.headers["x-gateway-replica"] == "d1"
+        assert connector(d1)["received"] == 1 and connector(urls["p0"])["sent"] == 1
