@@ -4,9 +4,9 @@ holding the prompt's KV, its side channel), the gateway hands them to the decode
 the decode engine pulls the blocks over NIXL (UCX over TCP on loopback here). Greedy output
 equals the prefill engine's own when it serves the request whole.
 
-Opt-in (``GATEWAY_NIXL_TESTS=1``), not part of ``make test``: NIXL's UCX threads keep its
-engines busy on the CPU while they live, and each request takes seconds here, which slowed
-the whole suite past its time budget on a 2-core VM (2026-11-27). Run it with
+Opt-in (``GATEWAY_NIXL_TESTS=1``), not part of ``make test``: two more engines, and each
+request takes seconds here; with them the suite ran past its time budget on a 2-core VM
+(2026-11-27: 27.5 min of suite). Run it with
 ``GATEWAY_NIXL_TESTS=1 python -m pytest tests/real_engines/test_real_vllm_nixl.py``.
 """
 
