@@ -226,6 +226,7 @@ def test_churn_sends_a_prefix_nobody_holds_where_the_cache_turns_over_least() ->
     new = RequestCost(200, 16, (), None, PromptKeys(list(range(200))))
     picks = {policy(churn_weight=1.0).select(fleet, new, ledger).name for _ in range(20)}
     assert picks == {"r1"}
-    picks = {LeastExpectedWork(random.Random(k)).select(fleet, new, ledger).name
-             for k in range(20)}
+    off = SchedulingConfig(churn_weight=0.0)
+    picks = {LeastExpectedWork(random.Random(k), off, clock=lambda: 0.0).select(
+        fleet, new, ledger).name for k in range(20)}
     assert picks == {"r0", "r1"}  # off: a tie, broken at random
