@@ -227,6 +227,10 @@ def test_churn_sends_a_prefix_nobody_holds_where_the_cache_turns_over_least() ->
     picks = {policy(churn_weight=1.0).select(fleet, new, ledger).name for _ in range(20)}
     assert picks == {"r1"}
     off = SchedulingConfig(churn_weight=0.0)
-    picks = {LeastExpectedWork(random.Random(k), off, clock=lambda: 0.0).select(
-        fleet, new, ledger).name for k in range(20)}
+    picks = set()
+    for k in range(20):  # a new fleet each time: a pick notes its prompt as sent there
+        fleet = _events_fleet()
+        _stored(fleet[0], list(range(1000, 1160)))
+        picks.add(LeastExpectedWork(random.Random(k), off, clock=lambda: 0.0).select(
+            fleet, new, ledger).name)
     assert picks == {"r0", "r1"}  # off: a tie, broken at random
