@@ -44,6 +44,7 @@ from gateway.dataplane.outcome import Outcomes, RequestRecord
 from gateway.dataplane.placement import Placer
 from gateway.dataplane.prefill import Prefiller
 from gateway.dataplane.prefill_metrics import PrefillMetrics
+from gateway.flow.metrics import ObjectiveMetrics
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
 from gateway.fleet.response_homes import ResponseHomes
@@ -104,7 +105,7 @@ class Gateway:
         self.placer = Placer(make_policy(settings.balancer, scheduling), self.ledger,
                              settings.backpressure, split=split, outputs=outputs,
                              signals_max_age=scheduling.signals_interval
-                             * scheduling.signals_max_age)
+                             * scheduling.signals_max_age, flow=settings.flow_control)
         self.metrics = make_metrics(settings.metrics)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(self.metrics.registry)
@@ -145,6 +146,7 @@ class Gateway:
                                   listeners.OutputLengths(),
                                   listeners.ResponseHomesRecord(self.response_homes),
                                   PrefillMetrics(self.metrics),
+                                  ObjectiveMetrics(self.metrics, self.placer.latency),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)

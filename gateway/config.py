@@ -90,8 +90,19 @@ class PoolConfig(_Strict):
                           "copied")
 
 
+class ObjectiveConfig(_Strict):
+    """Defaults for a request that sends no ``x-gateway-priority`` / ``x-slo-*`` headers
+    (gateway/flow/objective.py; a key's come before its model's)."""
+
+    priority: int | None = Field(None, ge=-100, le=100, description="band; negative = "
+                                 "sheddable at saturation")
+    ttft_ms: float | None = Field(None, gt=0, description="time to first token wanted")
+    tpot_ms: float | None = Field(None, gt=0, description="time per output token wanted")
+
+
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
+    objective: ObjectiveConfig = ObjectiveConfig()
     aliases: list[str] = Field(default_factory=list, description="more names the model's "
                                "engines serve it under (vLLM `--served-model-name a b`): "
                                "routed to every replica of the entry, forwarded as sent")
@@ -187,6 +198,25 @@ class BackpressureConfig(_Strict):
         "across API keys, priced in tokens (one flow without keys); fifo = arrival order")
     max_queued_per_key: int = Field(256, ge=1, description="requests one API key may have "
                                     "waiting per model; past it a 429 (queue_full)")
+
+
+class FlowControlConfig(_Strict):
+    """Saturation-aware flow control and latency objectives (docs/flow-control.md)."""
+
+    saturation: bool = Field(True, description="a replica whose engine signals or tokens pass "
+                             "a threshold takes no more requests: they wait at the gateway in "
+                             "priority order; sheddable ones are refused (429)")
+    max_waiting: int = Field(5, ge=1, description="engine's waiting requests (as scraped, plus "
+                             "those placed since, minus those ended) that saturate it")
+    max_kv_usage: float = Field(0.95, gt=0, le=1, description="engine's KV-cache use that "
+                                "saturates it")
+    max_outstanding_tokens: int | None = Field(None, ge=1, description="ledger tokens that "
+                                               "saturate a replica; unset = no limit")
+    ageing_seconds: float = Field(10.0, ge=0, description="a waiting band's priority rises by "
+                                  "one per this many seconds its first waiter waited; 0 = "
+                                  "strict order")
+    predict: bool = Field(True, description="requests with a latency objective go to a replica "
+                          "predicted to meet it (TTFT and TPOT fitted online)")
 
 
 class SchedulingConfig(_Strict):
@@ -394,6 +424,9 @@ class ApiKeyConfig(_Strict):
     models: list[str] | None = Field(None, description="allowlist; unset = every model")
     weight: float = Field(1.0, gt=0, le=1000, description="share under fair queueing")
     limits: KeyLimits = KeyLimits()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    max_priority: int | None = Field(None, ge=-100, le=100, description="highest priority its "
+                                     "requests may ask for; unset = its objective's (or 0)")
 
 
 class AuthConfig(_Strict):
@@ -478,6 +511,7 @@ class Settings(BaseSettings):
     outlier: OutlierConfig = OutlierConfig()
     retries: RetryConfig = RetryConfig()
     backpressure: BackpressureConfig = BackpressureConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish streams")
     client_body_timeout: float = Field(30.0, gt=0, description="seconds to receive a body")
     admin_token: str | None = Field(None, description="bearer token of /admin; unset = off")

@@ -66,9 +66,10 @@ STATUS_CLASSES = ("2xx", "4xx", "5xx")
 # Started at 0 (with the label values from configuration); see the module docstring.
 REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
                      "overloaded", "queue_full", "draining", "unauthorized", "forbidden",
-                     "rate_limited")
+                     "rate_limited", "shed", "objective_unattainable",
+                     "priority_not_allowed")
 # Why an API key's request was refused (per key; unauthorized has no key: key="").
-KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded")
+KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded", "shed")
 
 
 def status_class(status: int) -> str:

@@ -9,7 +9,7 @@ from gateway.balance.ledger import LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import Policy
 from gateway.balance.pool_split import PoolSplit
-from gateway.config import BackpressureConfig
+from gateway.config import BackpressureConfig, FlowControlConfig
 from gateway.dataplane.admission import Admission, Admitter
 from gateway.dataplane.placement import Placement, Placer
 from gateway.fleet.model import ServedModel
@@ -19,11 +19,13 @@ from gateway.protocol.request import GenerationRequest
 class Routing:
     def __init__(self, models: dict[str, ServedModel], policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
-                 split: PoolSplit | None = None, outputs: OutputEstimate | None = None) -> None:
+                 split: PoolSplit | None = None, outputs: OutputEstimate | None = None,
+                 flow: FlowControlConfig = FlowControlConfig(), **placer: Any) -> None:
         split = split or PoolSplit()
         self.models, self.ledger = models, ledger
         self.admitter = Admitter(models, None, split)
-        self.placer = Placer(policy, ledger, backpressure, split=split, outputs=outputs)
+        self.placer = Placer(policy, ledger, backpressure, split=split, outputs=outputs,
+                             flow=flow, **placer)
 
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         return self.admitter.admit(request)

@@ -21,7 +21,7 @@ from gateway.access.secret import bearer, hash_secret, new_secret
 from gateway.access.redis_limits import RedisLimiter
 from gateway.access.redis_store import RedisKeyStore
 from gateway.access.store import KeyConflict, KeyStore, LocalStore
-from gateway.config import AuthConfig, KeyLimits, Settings
+from gateway.config import AuthConfig, KeyLimits, ObjectiveConfig, Settings
 from gateway.metrics import AccessMetrics, GatewayMetrics
 from gateway.shared.redis_keys import SharedKeys
 from gateway.balance.redis_ledger import instance_id
@@ -123,13 +123,15 @@ class AccessControl:
             await self._redis.aclose()
 
     async def create(self, name: str, models: list[str] | None, weight: float,
-                     limits: KeyLimits) -> tuple[ApiKey, str]:
+                     limits: KeyLimits, objective: ObjectiveConfig | None = None,
+                     max_priority: int | None = None) -> tuple[ApiKey, str]:
         """A new key (admin API): returns it and its secret, which is never stored."""
         if self.keys.by_name(name) is not None:
             raise KeyConflict(f"an API key named {name!r} exists already")
         secret = new_secret()
         key = ApiKey(name, hash_secret(secret), frozenset(models) if models is not None else None,
-                     weight, limits, source="admin")
+                     weight, limits, source="admin", objective=objective,
+                     max_priority=max_priority)
         await self.store.add(key)
         self.keys.add_admin(key)
         log.info("API key %r created", name)

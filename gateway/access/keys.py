@@ -7,7 +7,7 @@ import hmac
 import time
 from dataclasses import dataclass, field
 
-from gateway.config import ApiKeyConfig, KeyLimits
+from gateway.config import ApiKeyConfig, KeyLimits, ObjectiveConfig
 from gateway.protocol.request import Caller
 
 
@@ -20,6 +20,16 @@ class ApiKey:
     limits: KeyLimits
     source: str = "config"  # "config" or "admin"
     created_at: float = field(default_factory=time.time)
+    objective: ObjectiveConfig | None = None  # its requests' defaults (None: none set)
+    max_priority: int | None = None  # the highest priority it may ask for (None: its own)
+
+    @property
+    def priority_ceiling(self) -> int:
+        """The highest ``x-gateway-priority`` its requests may send."""
+        if self.max_priority is not None:
+            return self.max_priority
+        own = self.objective.priority if self.objective is not None else None
+        return own if own is not None else 0
 
     @property
     def caller(self) -> Caller:
@@ -38,6 +48,8 @@ class ApiKey:
         """What the admin API lists: never the secret, never its hash."""
         return {"name": self.name, "models": sorted(self.models) if self.models else None,
                 "weight": self.weight, "limits": self.limits.model_dump(),
+                "objective": self.objective.model_dump() if self.objective else None,
+                "max_priority": self.max_priority,
                 "source": self.source, "created_at": self.created_at}
 
     @classmethod
@@ -45,7 +57,9 @@ class ApiKey:
                     created_at: float | None = None) -> "ApiKey":
         return cls(config.name, config.sha256.lower(),
                    frozenset(config.models) if config.models is not None else None,
-                   config.weight, config.limits, source, created_at or time.time())
+                   config.weight, config.limits, source, created_at or time.time(),
+                   config.objective if config.objective != ObjectiveConfig() else None,
+                   config.max_priority)
 
 
 class KeyRing:

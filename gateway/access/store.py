@@ -9,7 +9,7 @@ from typing import Protocol
 import orjson
 
 from gateway.access.keys import ApiKey
-from gateway.config import KeyLimits
+from gateway.config import KeyLimits, ObjectiveConfig
 
 
 class KeyConflict(Exception):
@@ -40,7 +40,9 @@ def dump_key(key: ApiKey) -> bytes:
     return orjson.dumps({"name": key.name, "sha256": key.sha256,
                          "models": sorted(key.models) if key.models is not None else None,
                          "weight": key.weight, "limits": key.limits.model_dump(),
-                         "created_at": key.created_at})
+                         "created_at": key.created_at,
+                         "objective": key.objective.model_dump() if key.objective else None,
+                         "max_priority": key.max_priority})
 
 
 def load_key(raw: str | bytes) -> ApiKey | None:
@@ -50,6 +52,8 @@ def load_key(raw: str | bytes) -> ApiKey | None:
         return ApiKey(str(data["name"]), str(data["sha256"]).lower(),
                       frozenset(data["models"]) if data.get("models") is not None else None,
                       float(data.get("weight", 1.0)), KeyLimits(**(data.get("limits") or {})),
-                      "admin", float(data.get("created_at", 0.0)))
+                      "admin", float(data.get("created_at", 0.0)),
+                      ObjectiveConfig(**data["objective"]) if data.get("objective") else None,
+                      data.get("max_priority"))
     except (ValueError, KeyError, TypeError):
         return None

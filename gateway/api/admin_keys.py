@@ -13,7 +13,7 @@ from gateway.access.store import KeyConflict, StoreUnavailable
 from gateway.access.control import AccessControl
 from gateway.api.admin import _authorized
 from gateway.api.admin_view import admin_view
-from gateway.config import KEY_NAME_PATTERN, KeyLimits
+from gateway.config import KEY_NAME_PATTERN, KeyLimits, ObjectiveConfig
 
 router = APIRouter(prefix="/admin/keys", dependencies=[Depends(_authorized)])
 
@@ -25,6 +25,8 @@ class NewKey(BaseModel):
     models: list[str] | None = Field(None, max_length=1000)
     weight: float = Field(1.0, gt=0, le=1000)
     limits: KeyLimits = KeyLimits()
+    objective: ObjectiveConfig | None = None
+    max_priority: int | None = Field(None, ge=-100, le=100)
 
 
 def _access(request: Request) -> AccessControl:
@@ -46,7 +48,8 @@ async def create_key(request: Request, new: NewKey) -> dict[str, Any]:
     if unknown:
         raise HTTPException(422, f"unknown models {unknown}")
     try:
-        key, secret = await access.create(new.name, new.models, new.weight, new.limits)
+        key, secret = await access.create(new.name, new.models, new.weight, new.limits,
+                                          new.objective, new.max_priority)
     except KeyConflict as exc:
         raise HTTPException(409, str(exc)) from None
     except StoreUnavailable as exc:

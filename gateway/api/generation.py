@@ -17,6 +17,8 @@ from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
 from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
 from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
+from gateway.flow.objective import (NO_HEADERS, PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER,
+                                    TTFT_HEADER, ObjectiveHeaders, resolve)
 from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
 from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
                                      GenerationRequest)
@@ -67,6 +69,10 @@ class Headers(NamedTuple):
     authorization: bytes | None
     traceparent: bytes | None  # W3C trace context, for tracing and the access log
     tracestate: bytes | None
+    objective: ObjectiveHeaders = NO_HEADERS  # x-gateway-priority, x-slo-*
+
+
+_OBJECTIVE_HEADERS = {PRIORITY_HEADER: 0, TTFT_HEADER: 1, TPOT_HEADER: 2, STRICT_HEADER: 3}
 
 
 def read_headers(scope: Scope) -> Headers:
@@ -76,6 +82,7 @@ def read_headers(scope: Scope) -> Headers:
     the request is refused before anything is read or reserved.
     """
     request_id = session = pool = authorization = traceparent = tracestate = None
+    objective: list[bytes | None] | None = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -93,10 +100,13 @@ def read_headers(scope: Scope) -> Headers:
             traceparent = value
         elif key == b"tracestate":
             tracestate = value
+        elif key in _OBJECTIVE_HEADERS:
+            objective = objective or [None] * 4
+            objective[_OBJECTIVE_HEADERS[key]] = value
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
     return Headers(request_id or new_request_id(), session, pool, authorization, traceparent,
-                   tracestate)
+                   tracestate, NO_HEADERS if objective is None else ObjectiveHeaders(*objective))
 
 
 JSON = (b"content-type", b"application/json")
@@ -168,6 +178,11 @@ class GenerationEndpoint:
             else:
                 model, admission = gateway.admitter.admit(request, context, await preparing)
             record.model = model.name
+            if headers.objective is not NO_HEADERS or model.objective is not None or \
+                    key is not None:  # priority and latency objectives (gateway.flow)
+                context = context._replace(objective=resolve(
+                    headers.objective, key.objective if key is not None else None,
+                    key.priority_ceiling if key is not None else None, model.objective))
             # The key's allowlist and limits; the grant is settled below, however it ends.
             grant = await gateway.access.admit(key, model.name,
                                                admission.cost.prompt_tokens,
@@ -234,4 +249,5 @@ class GenerationEndpoint:
 
 # Errors the gateway answers itself after admission (counted as rejections); the engines'
 # own errors are counted as upstream errors by the relay.
-_GATEWAY_REASONS = frozenset({"overloaded", "queue_full", "no_replica"})
+_GATEWAY_REASONS = frozenset({"overloaded", "queue_full", "no_replica", "shed",
+                              "objective_unattainable"})

@@ -59,7 +59,8 @@ class Attempts:
         prefill: Prefill | None = None
         while True:
             placement = await self.placer.place(model, admission, exclude=tried, key=key,
-                                                caller=context.caller)
+                                                caller=context.caller,
+                                                objective=context.objective)
             if placement.replica.role != "decode":
                 prefill = None
             elif prefill is None and self.prefiller is not None:

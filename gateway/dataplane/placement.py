@@ -4,15 +4,21 @@ every slot taken waits in its model's fair queue.
 
 Disaggregated serving places a request twice: first the replica that answers (a ``decode``
 or ``both`` replica: never a ``prefill`` one), then, for a decode replica, a prefill replica
-of the same pool (``prefill_for``), balanced on the prompt alone (``prefill_cost``)."""
+of the same pool (``prefill_for``), balanced on the prompt alone (``prefill_cost``).
+
+Flow control (``gateway.flow``): a saturated replica has no free slot, so requests wait here
+in priority order instead of inside the engine; a sheddable request (negative priority) that
+would wait is refused; a request with a latency objective goes, among the free replicas, to
+one predicted to meet it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import random
+import time
 from dataclasses import dataclass, replace
-from typing import Collection
+from typing import Callable, Collection
 
 from gateway.balance.adapter_affinity import prefer_adapter
 from gateway.balance.fair_queue import FairQueue, Ticket
@@ -20,11 +26,15 @@ from gateway.balance.ledger import Lease, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import Policy, RequestCost
 from gateway.balance.pool_split import PoolSplit
-from gateway.config import BackpressureConfig
+from gateway.config import BackpressureConfig, FlowControlConfig
+from gateway.flow.latency_model import LatencyModels, Prediction
+from gateway.flow.objective import DEFAULT_OBJECTIVE, Objective
+from gateway.flow.saturation import Saturation
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.dataplane.admission import Admission
-from gateway.protocol.errors import NoReplicaAvailable, Overloaded, QueueFull
+from gateway.protocol.errors import (NoReplicaAvailable, ObjectiveUnattainable, Overloaded,
+                                     QueueFull, Shed)
 from gateway.protocol.request import Caller
 
 
@@ -42,6 +52,8 @@ class Placement:
     asked: int = 0  # output tokens the request may generate (max_tokens x choices)
     outputs: OutputEstimate | None = None
     name: str = ""  # the model name served (an alias, an adapter, or the model's own)
+    objective: Objective = DEFAULT_OBJECTIVE
+    prediction: Prediction | None = None  # the replica's predicted latency (flow.predict)
 
     def served(self, generated: int | None) -> None:
         """The replica completed the request: teach the estimate how much of its ask it
@@ -69,9 +81,15 @@ class Placer:
     def __init__(self, policy: Policy, ledger: LoadLedger,
                  backpressure: BackpressureConfig = BackpressureConfig(),
                  rng: random.Random | None = None, split: PoolSplit | None = None,
-                 outputs: OutputEstimate | None = None, signals_max_age: float = 3.0) -> None:
+                 outputs: OutputEstimate | None = None, signals_max_age: float = 3.0,
+                 flow: FlowControlConfig = FlowControlConfig(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.outputs = outputs  # expected output lengths; None = reserve the whole ask
         self.signals_max_age = signals_max_age  # engine signals older than this are ignored
+        self.flow = flow
+        self.clock = clock  # the engine signals' clock
+        self.saturation = Saturation(flow, signals_max_age) if flow.saturation else None
+        self.latency = LatencyModels() if flow.predict else None
         self.policy = policy
         self.ledger = ledger
         self.backpressure = backpressure
@@ -82,7 +100,8 @@ class Placer:
     async def place(self, model: ServedModel, admission: Admission,
                     exclude: Collection[Replica] = (), key: str | None = None,
                     wait: bool = True, caller: Caller | None = None,
-                    prefill_for: Replica | None = None) -> Placement:
+                    prefill_for: Replica | None = None,
+                    objective: Objective = DEFAULT_OBJECTIVE) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
@@ -93,6 +112,7 @@ class Placer:
         finds no free slot is refused at once instead of queueing (shadow copies: they must
         never hold a place in the clients' queue). With ``prefill_for`` (a decode replica)
         it places the request's prefill on a prefill replica of that replica's pool.
+        ``objective``: its priority band in the queue and its latency objectives.
         """
         loop = asyncio.get_running_loop()
         queue = self._queue(_queue_name(model.name, prefill_for))
@@ -103,18 +123,26 @@ class Placer:
                 free = self._free_slots(model, admission, exclude, key, prefill_for)
                 # A slot freed for a woken waiter is that waiter's: a newcomer that sees it
                 # joins the queue instead (a free slot no waiter was woken for is free).
-                if free and (ticket is not None or not wait or not queue.promised):
-                    placement = self._reserve(model, admission, free, key, caller, prefill_for)
-                    if started:
-                        placement.queued_for = loop.time() - started
+                # So is one a waiter of a higher band should have first.
+                if free and (ticket is not None or not wait or not queue.promised) and \
+                        not (queue and queue.outranked(objective.priority, ticket)):
+                    waited = loop.time() - started if started else 0.0
+                    placement = self._reserve(model, admission, free, key, caller, prefill_for,
+                                              objective, waited)
+                    placement.queued_for = waited
                     return placement
                 if not wait:
                     raise Overloaded(f"every replica of model `{model.name}` that can take "
                                      f"this request is at its in-flight limit")
+                if objective.sheddable:
+                    raise Shed(f"every replica of model `{model.name}` that can take this "
+                               f"request is saturated, and its priority "
+                               f"({objective.priority}) is sheddable")
                 if ticket is None:
                     started = loop.time()
                     deadline = started + self.backpressure.queue_timeout
-                    ticket = self._enter_queue(queue, model.name, admission, caller)
+                    ticket = self._enter_queue(queue, model.name, admission, caller,
+                                               objective.priority)
                 await self._wait_for_slot(queue, model.name, deadline, ticket)
                 queue.resumed(ticket)
         finally:
@@ -143,11 +171,12 @@ class Placer:
     def _queue(self, model: str) -> FairQueue:
         queue = self._waiters.get(model)
         if queue is None:
-            queue = self._waiters[model] = FairQueue(self.backpressure.queueing == "fair")
+            queue = self._waiters[model] = FairQueue(self.backpressure.queueing == "fair",
+                                                     self.flow.ageing_seconds)
         return queue
 
     def _enter_queue(self, queue: FairQueue, model: str, admission: Admission,
-                     caller: Caller | None) -> Ticket:
+                     caller: Caller | None, priority: int) -> Ticket:
         if len(queue) >= self.backpressure.queue_size:
             raise Overloaded(f"every replica of model `{model}` is at its in-flight limit "
                              f"and {len(queue)} requests are already waiting")
@@ -156,11 +185,12 @@ class Placer:
             raise QueueFull(f"API key `{flow}` already has {queue.waiting[flow]} requests "
                             f"waiting for model `{model}` (backpressure.max_queued_per_key)")
         cost = admission.cost.prompt_tokens + admission.cost.output_tokens
-        return queue.enter(flow, caller.weight if caller is not None else 1.0, cost)
+        return queue.enter(flow, caller.weight if caller is not None else 1.0, cost, priority)
 
     def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
                  key: str | None = None, caller: Caller | None = None,
-                 prefill_for: Replica | None = None) -> Placement:
+                 prefill_for: Replica | None = None, objective: Objective = DEFAULT_OBJECTIVE,
+                 waited: float = 0.0) -> Placement:
         if prefill_for is None:
             pool = self.split.pick(model.pools, free, key)
             assert pool is not None  # ``free`` is not empty
@@ -171,7 +201,12 @@ class Placer:
             cost = prefill_cost(admission.cost)
         # A LoRA adapter: where the engine has it loaded, or a free adapter slot, first.
         candidates = prefer_adapter(candidates, admission.adapter, self.signals_max_age)
+        latency = self.latency if prefill_for is None else None  # answering replicas only
+        if objective.timed and latency is not None:  # those predicted to meet it, first
+            candidates = self._meeting(candidates, cost.prompt_tokens, objective, waited)
         replica = self.policy.select(candidates, cost, self.ledger)
+        prediction = None if latency is None else latency.of(replica).predict(
+            self.ledger.load(replica.name), cost.prompt_tokens)
         asked = cost.output_tokens
         expected = asked if self.outputs is None or prefill_for is not None \
             else self.outputs.expect(model.name, asked)
@@ -179,7 +214,32 @@ class Placer:
         queue_name = _queue_name(model.name, prefill_for)
         lease.on_close = lambda: self._wake_one(queue_name)
         return Placement(model, admission, replica, lease, caller, asked=asked,
-                         outputs=self.outputs, name=admission.name or model.name)
+                         outputs=self.outputs, name=admission.name or model.name,
+                         objective=objective, prediction=prediction)
+
+    def _meeting(self, candidates: list[Replica], prompt_tokens: int, objective: Objective,
+                 waited: float) -> list[Replica]:
+        """The candidates predicted to meet ``objective`` after ``waited`` seconds queued
+        (a replica not predicted yet may); all of them when none is (best effort), unless
+        the request asked to be refused then."""
+        assert self.latency is not None
+        meeting = []
+        for replica in candidates:
+            predicted = self.latency.of(replica).predict(
+                self.ledger.load(replica.name), prompt_tokens)
+            if objective.ttft_ms is not None and predicted.ttft is not None and \
+                    (waited + predicted.ttft) * 1000 > objective.ttft_ms:
+                continue
+            if objective.tpot_ms is not None and predicted.tpot is not None and \
+                    predicted.tpot * 1000 > objective.tpot_ms:
+                continue
+            meeting.append(replica)
+        if meeting:
+            return meeting
+        if objective.strict:
+            raise ObjectiveUnattainable(f"no replica of model `{candidates[0].model}` is "
+                                        f"predicted to meet this request's latency objective")
+        return candidates
 
     def limit_of(self, replica: Replica) -> int:
         """The replica's in-flight limit: the configured one, or the engine's own if lower."""
@@ -188,7 +248,11 @@ class Placer:
         return limit if engine is None else min(limit, engine)
 
     def _has_slot(self, replica: Replica) -> bool:
-        return self.ledger.load(replica.name).in_flight < self.limit_of(replica)
+        load = self.ledger.load(replica.name)
+        if load.in_flight >= self.limit_of(replica):
+            return False
+        return self.saturation is None or not self.saturation.saturated(replica, load,
+                                                                        self.clock())
 
     async def _wait_for_slot(self, queue: FairQueue, model: str, deadline: float,
                              ticket: Ticket) -> None:

@@ -56,7 +56,8 @@ class Prefiller:
         while True:
             try:
                 placement = await self.placer.place(decode.model, decode.admission, tried, key,
-                                                    caller=caller, prefill_for=decode.replica)
+                                                    caller=caller, prefill_for=decode.replica,
+                                                    objective=decode.objective)
             except NoReplicaAvailable:
                 self.outcomes.prefill_skipped(decode, "unavailable" if not tried else "failed")
                 return None

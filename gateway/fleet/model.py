@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gateway.config import ModelConfig, Settings
+from gateway.config import ModelConfig, ObjectiveConfig, Settings
 from gateway.fleet.replica import Replica
 from gateway.tokens import ModelTokenizer, load_tokenizer
 
@@ -41,6 +41,7 @@ class ServedModel:
     aliases: tuple[str, ...] = ()  # more configured names, served by every replica
     discover_names: bool = True  # also the names its replicas list on /v1/models
     load_adapters: dict[str, str] = field(default_factory=dict)  # adapter -> path, loaded on demand
+    objective: ObjectiveConfig | None = None  # its requests' default priority and objectives
 
     @property
     def replicas(self) -> list[Replica]:
@@ -101,7 +102,8 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens, config.output_past_window == "cap",
-                       tuple(config.aliases), config.discover_names, dict(config.load_adapters))
+                       tuple(config.aliases), config.discover_names, dict(config.load_adapters),
+                       config.objective if config.objective != ObjectiveConfig() else None)
 
 
 def build_models(settings: Settings) -> dict[str, ServedModel]:

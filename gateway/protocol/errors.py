@@ -177,6 +177,22 @@ class QueueFull(Overloaded):
     reason = "queue_full"
 
 
+class Shed(Overloaded):
+    """Every replica that could serve the request is saturated and its priority is
+    sheddable (negative): refused at once rather than queued (``gateway.flow``)."""
+
+    code = "shed"
+    reason = "shed"
+
+
+class ObjectiveUnattainable(Overloaded):
+    """No replica is predicted to meet the request's latency objective and it asked to be
+    refused then (``x-slo-strict: true``) rather than served late."""
+
+    code = "objective_unattainable"
+    reason = "objective_unattainable"
+
+
 class Draining(GatewayError):
     """The gateway is shutting down: in-flight work finishes, new work goes elsewhere."""
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from gateway.flow.objective import DEFAULT_OBJECTIVE, Objective
 from gateway.protocol.errors import Api, InvalidRequest
 
 MAX_JSON_DEPTH = 64
@@ -59,11 +60,13 @@ class GenerationRequest(NamedTuple):
 class Context(NamedTuple):
     """What the edge knows of a request beside its body: the client's session
     (``x-session-id``, for stickiness), a pool it forces (``x-gateway-pool``, for testers;
-    a shadow copy's pool) and the API key that sent it (None: keys are off)."""
+    a shadow copy's pool), the API key that sent it (None: keys are off) and its priority
+    and latency objectives (``gateway.flow.objective``)."""
 
     session: str | None = None
     pool: str | None = None
     caller: Caller | None = None
+    objective: Objective = DEFAULT_OBJECTIVE
 
 
 NO_CONTEXT = Context()  # shared by every request that brings none (no allocation)

@@ -191,3 +191,40 @@ async def test_a_free_slot_no_waiter_can_use_is_taken_at_once() -> None:
     busy.lease.close()
     (await asyncio.wait_for(waiting, 1)).lease.close()
     assert r.queued("m") == 0
+
+
+# --- priority bands ---------------------------------------------------------------------------
+
+async def test_a_higher_band_goes_first_and_a_waiting_band_ages_up() -> None:
+    now = [0.0]
+    queue, loop = FairQueue(ageing_seconds=10.0, clock=lambda: now[0]), \
+        asyncio.get_running_loop()
+    low = queue.enter("batch", 1.0, 100, priority=0)
+    queue.park(low, loop.create_future())
+    now[0] = 5.0
+    highs = [queue.enter("chat", 1.0, 100, priority=1) for _ in range(3)]
+    for ticket in highs:
+        queue.park(ticket, loop.create_future())
+    assert queue.outranked(0) and not queue.outranked(1) and not queue.outranked(2)
+    assert queue.wake_one() and highs[0].waiter.done()  # the band above first
+    queue.leave(highs[0])
+    now[0] = 10.0  # the batch request has waited 10 s: it competes as priority 1, and its
+    assert queue.wake_one() and low.waiter.done()  # tag is older than the chat ones'
+    queue.leave(low)
+    assert queue.wake_one() and highs[1].waiter.done()
+    # Ageing counts for the one asking too: a band-0 waiter whose tag is older than band
+    # 1's first is not outranked once it has aged to band 1; a newcomer is.
+    old = queue.enter("batch", 1.0, 100, priority=0)
+    old.entered, old.tag = 0.0, -1.0
+    assert queue.outranked(0) and not queue.outranked(0, old)
+    old.entered = 5.0  # not aged yet
+    assert queue.outranked(0, old)
+
+
+async def test_strict_bands_without_ageing_and_a_leaver_holds_no_band() -> None:
+    queue, loop = FairQueue(ageing_seconds=0), asyncio.get_running_loop()
+    high = queue.enter(None, 1.0, 10, priority=3)
+    queue.park(high, loop.create_future())
+    assert queue.outranked(2)
+    queue.leave(high)  # its request stopped waiting (placed elsewhere, timed out)
+    assert not queue.outranked(2) and not queue.wake_one() and len(queue) == 0

@@ -1,0 +1,130 @@
+"""A request's priority and latency objectives: from its headers, else its API key's
+defaults, else its model's, else priority 0 and none.
+
+- ``x-gateway-priority``: an integer band (``gateway.balance.fair_queue``); negative bands are
+  sheddable (refused with a 429 while the model's replicas are saturated). A key may not ask
+  for more than its ``max_priority`` (its default priority unless set): a 403.
+- ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``: time to first token and time per output token the
+  client wants (llm-d's headers). Placement prefers a replica predicted to meet them.
+- ``x-slo-strict: true``: refuse (429) instead of serving best-effort when no replica is
+  predicted to meet them.
+
+A header that is not a number, or is out of range, is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from gateway.protocol.errors import GatewayError, InvalidRequest
+
+if TYPE_CHECKING:  # the request's own module imports this one: no config at import
+    from gateway.config import ObjectiveConfig
+
+PRIORITY_HEADER = b"x-gateway-priority"
+TTFT_HEADER = b"x-slo-ttft-ms"
+TPOT_HEADER = b"x-slo-tpot-ms"
+STRICT_HEADER = b"x-slo-strict"
+MAX_PRIORITY = 100  # bands are -100..100
+MAX_OBJECTIVE_MS = 3_600_000.0  # an hour
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    priority: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    strict: bool = False  # refuse rather than serve best-effort when no replica can meet it
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+    @property
+    def timed(self) -> bool:
+        """It has a latency objective (placement predicts for it)."""
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+
+DEFAULT_OBJECTIVE = Objective()
+
+
+class ObjectiveHeaders(NamedTuple):
+    """The headers as sent (read in the edge's one pass over them)."""
+
+    priority: bytes | None = None
+    ttft_ms: bytes | None = None
+    tpot_ms: bytes | None = None
+    strict: bytes | None = None
+
+
+NO_HEADERS = ObjectiveHeaders()
+
+
+class PriorityNotAllowed(GatewayError):
+    status = 403
+    reason = "priority_not_allowed"
+    openai_type = "permission_error"
+
+
+def resolve(headers: ObjectiveHeaders, key: "ObjectiveConfig | None",
+            max_priority: int | None, model: "ObjectiveConfig | None") -> Objective:
+    """The request's objective. ``key``: its API key's defaults; ``max_priority``: the highest
+    priority the key may ask for (None: keys are off, any in range may be asked); ``model``:
+    the model's defaults."""
+    if headers is NO_HEADERS and key is None and model is None:
+        return DEFAULT_OBJECTIVE
+    defaults = [c for c in (key, model) if c is not None]
+    default_priority = next((c.priority for c in defaults if c.priority is not None), 0)
+    priority = default_priority
+    if headers.priority is not None:
+        priority = _integer(headers.priority, PRIORITY_HEADER)
+        if max_priority is not None and priority > max_priority:
+            raise PriorityNotAllowed(f"this API key may not ask for a priority above "
+                                     f"{max_priority} (`x-gateway-priority: {priority}`)")
+    ttft = _milliseconds(headers.ttft_ms, TTFT_HEADER) if headers.ttft_ms is not None \
+        else next((c.ttft_ms for c in defaults if c.ttft_ms is not None), None)
+    tpot = _milliseconds(headers.tpot_ms, TPOT_HEADER) if headers.tpot_ms is not None \
+        else next((c.tpot_ms for c in defaults if c.tpot_ms is not None), None)
+    strict = headers.strict is not None and _flag(headers.strict, STRICT_HEADER)
+    return Objective(priority, ttft, tpot, strict)
+
+
+def _integer(raw: bytes, header: bytes) -> int:
+    name = header.decode()
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidRequest(f"header `{name}` must be an integer, got "
+                             f"{raw[:40].decode('latin-1')!r}", param=name) from None
+    if abs(value) > MAX_PRIORITY:
+        raise InvalidRequest(f"header `{name}` must be between {-MAX_PRIORITY} and "
+                             f"{MAX_PRIORITY}, got {value}", param=name)
+    return value
+
+
+def _milliseconds(raw: bytes, header: bytes) -> float:
+    name = header.decode()
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise InvalidRequest(f"header `{name}` must be a number of milliseconds, got "
+                             f"{raw[:40].decode('latin-1')!r}", param=name) from None
+    if not math.isfinite(value) or not 0 < value <= MAX_OBJECTIVE_MS:
+        raise InvalidRequest(f"header `{name}` must be more than 0 and at most "
+                             f"{MAX_OBJECTIVE_MS:.0f} ms, got {raw[:40].decode('latin-1')}",
+                             param=name)
+    return value
+
+
+def _flag(raw: bytes, header: bytes) -> bool:
+    value = raw.strip().lower()
+    if value in (b"true", b"1"):
+        return True
+    if value in (b"false", b"0"):
+        return False
+    name = header.decode()
+    raise InvalidRequest(f"header `{name}` must be true or false, got "
+                         f"{raw[:40].decode('latin-1')!r}", param=name)

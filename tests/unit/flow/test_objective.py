@@ -1,0 +1,55 @@
+"""A request's priority and latency objectives from its headers and its key's and model's
+defaults (gateway/flow/objective.py): precedence, the key's ceiling, and each bad header a
+400 naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ObjectiveConfig
+from gateway.flow.objective import (DEFAULT_OBJECTIVE, NO_HEADERS, Objective, ObjectiveHeaders,
+                                    PriorityNotAllowed, resolve)
+from gateway.protocol.errors import InvalidRequest
+
+
+def test_nothing_set_is_priority_0_without_objectives() -> None:
+    assert resolve(NO_HEADERS, None, None, None) is DEFAULT_OBJECTIVE
+    assert not DEFAULT_OBJECTIVE.sheddable and not DEFAULT_OBJECTIVE.timed
+
+
+def test_headers_then_the_keys_defaults_then_the_models() -> None:
+    key = ObjectiveConfig(priority=1, ttft_ms=300)
+    model = ObjectiveConfig(priority=-1, ttft_ms=2000, tpot_ms=50)
+    assert resolve(NO_HEADERS, key, 1, model) == Objective(1, 300.0, 50.0)
+    assert resolve(NO_HEADERS, None, None, model) == Objective(-1, 2000.0, 50.0)
+    sent = ObjectiveHeaders(b"-1", b"250", b" 20 ", b"true")
+    assert resolve(sent, key, 1, model) == Objective(-1, 250.0, 20.0, strict=True)
+    assert resolve(sent, key, 1, model).sheddable
+
+
+def test_a_key_may_not_raise_its_priority_above_its_ceiling() -> None:
+    with pytest.raises(PriorityNotAllowed) as refused:
+        resolve(ObjectiveHeaders(b"2"), ObjectiveConfig(priority=1), 1, None)
+    assert refused.value.status == 403 and "above 1" in refused.value.message
+    # Lowering it is always allowed; without keys any priority in range may be asked.
+    assert resolve(ObjectiveHeaders(b"-5"), None, 0, None).priority == -5
+    assert resolve(ObjectiveHeaders(b"100"), None, None, None).priority == 100
+
+
+@pytest.mark.parametrize("headers, named", [
+    (ObjectiveHeaders(priority=b"high"), "x-gateway-priority"),
+    (ObjectiveHeaders(priority=b"1.5"), "x-gateway-priority"),
+    (ObjectiveHeaders(priority=b"101"), "x-gateway-priority"),
+    (ObjectiveHeaders(priority=b"-101"), "x-gateway-priority"),
+    (ObjectiveHeaders(ttft_ms=b"fast"), "x-slo-ttft-ms"),
+    (ObjectiveHeaders(ttft_ms=b"0"), "x-slo-ttft-ms"),
+    (ObjectiveHeaders(ttft_ms=b"-3"), "x-slo-ttft-ms"),
+    (ObjectiveHeaders(ttft_ms=b"nan"), "x-slo-ttft-ms"),
+    (ObjectiveHeaders(tpot_ms=b"inf"), "x-slo-tpot-ms"),
+    (ObjectiveHeaders(tpot_ms=b"1e12"), "x-slo-tpot-ms"),
+    (ObjectiveHeaders(strict=b"maybe"), "x-slo-strict"),
+])
+def test_a_bad_header_is_a_400_naming_it(headers: ObjectiveHeaders, named: str) -> None:
+    with pytest.raises(InvalidRequest) as bad:
+        resolve(headers, None, None, None)
+    assert bad.value.status == 400 and bad.value.param == named and named in bad.value.message
