@@ -212,6 +212,10 @@ class FlowControlConfig(_Strict):
                                 "saturates it")
     max_outstanding_tokens: int | None = Field(None, ge=1, description="ledger tokens that "
                                                "saturate a replica; unset = no limit")
+    max_prefill_tokens: int | None = Field(8192, ge=1, description="ledger prompt tokens not "
+                                           "yet prefilled that saturate a replica (a new "
+                                           "prompt's first token waits for them); vLLM's "
+                                           "token budget per step; unset = no limit")
     ageing_seconds: float = Field(10.0, ge=0, description="a waiting band's priority rises by "
                                   "one per this many seconds its first waiter waited; 0 = "
                                   "strict order")

@@ -2,7 +2,10 @@
 
 A replica's outstanding tokens are the work it still owes: for each in-flight request,
 the prompt tokens not yet prefilled plus the output tokens still expected; the first part is
-also kept on its own (``prefill_tokens``), so a policy can weigh the two kinds of work.
+also kept on its own (``prefill_tokens``), so a policy can weigh the two kinds of work. Only
+prompts whose first token the gateway will see count there (streams): a non-streamed
+request's prompt stays in its outstanding tokens until it ends, but is not said to be waiting
+for its prefill all that time.
 Every change goes through a ``Lease`` (one per request), which releases each token it
 reserved exactly once, so totals can never drift or go negative, whatever path a request
 ends on.
@@ -50,11 +53,13 @@ class LoadLedger(ABC):
         Only leases call this."""
 
     def lease(self, replica: str, prompt_tokens: int, output_tokens: int,
-              asked: int | None = None) -> "Lease":
+              asked: int | None = None, streamed: bool = True) -> "Lease":
         """Reserve a request's cost on ``replica`` at dispatch: its prompt and the output
-        expected (``asked``, when larger: what the client allows it to generate)."""
+        expected (``asked``, when larger: what the client allows it to generate).
+        ``streamed``: its first token will be seen (its prompt counts as ``prefill_tokens``
+        until then)."""
         output_tokens = max(output_tokens, 0)
-        lease = Lease(self, replica, max(prompt_tokens, 0), output_tokens)
+        lease = Lease(self, replica, max(prompt_tokens, 0), output_tokens, streamed)
         if asked is not None and asked > output_tokens > 0:
             lease.renew, lease.unreserved = output_tokens, asked - output_tokens
         return lease
@@ -86,11 +91,11 @@ class Lease:
     """One request's reservation on one replica, released piece by piece, exactly once."""
 
     __slots__ = ("ledger", "replica", "prompt_tokens", "output_tokens", "closed", "on_close",
-                 "renew", "unreserved")
+                 "renew", "unreserved", "streamed")
 
     def __init__(self, ledger: LoadLedger, replica: str, prompt_tokens: int,
-                 output_tokens: int) -> None:
-        self.ledger, self.replica = ledger, replica
+                 output_tokens: int, streamed: bool = True) -> None:
+        self.ledger, self.replica, self.streamed = ledger, replica, streamed
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.closed = False
         # An expectation below the ask: a request still generating when its reservation is
@@ -98,7 +103,8 @@ class Lease:
         # rest of its ask, instead of weighing nothing.
         self.renew = self.unreserved = 0
         self.on_close: Callable[[], None] | None = None  # e.g. wake a request queued for a slot
-        ledger._adjust(replica, prompt_tokens + output_tokens, 1, prompt_tokens)
+        ledger._adjust(replica, prompt_tokens + output_tokens, 1,
+                       prompt_tokens if streamed else 0)
 
     @property
     def remaining(self) -> int:
@@ -107,7 +113,8 @@ class Lease:
     def first_token(self) -> None:
         """The prompt is prefilled: its part of the reservation is done."""
         if self.prompt_tokens and not self.closed:
-            self.ledger._adjust(self.replica, -self.prompt_tokens, 0, -self.prompt_tokens)
+            self.ledger._adjust(self.replica, -self.prompt_tokens, 0,
+                                -self.prompt_tokens if self.streamed else 0)
             self.prompt_tokens = 0
 
     def generated(self, tokens: int) -> None:
@@ -133,7 +140,7 @@ class Lease:
         if not self.closed:
             self.closed = True
             self.ledger._adjust(self.replica, -(self.prompt_tokens + self.output_tokens), -1,
-                                -self.prompt_tokens)
+                                -self.prompt_tokens if self.streamed else 0)
             self.prompt_tokens = self.output_tokens = 0
             if self.on_close is not None:
                 self.on_close()

@@ -60,7 +60,8 @@ class Attempts:
         while True:
             placement = await self.placer.place(model, admission, exclude=tried, key=key,
                                                 caller=context.caller,
-                                                objective=context.objective)
+                                                objective=context.objective,
+                                                streamed=request.stream)
             if placement.replica.role != "decode":
                 prefill = None
             elif prefill is None and self.prefiller is not None:

@@ -101,7 +101,7 @@ class Placer:
                     exclude: Collection[Replica] = (), key: str | None = None,
                     wait: bool = True, caller: Caller | None = None,
                     prefill_for: Replica | None = None,
-                    objective: Objective = DEFAULT_OBJECTIVE) -> Placement:
+                    objective: Objective = DEFAULT_OBJECTIVE, streamed: bool = True) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
@@ -112,7 +112,8 @@ class Placer:
         finds no free slot is refused at once instead of queueing (shadow copies: they must
         never hold a place in the clients' queue). With ``prefill_for`` (a decode replica)
         it places the request's prefill on a prefill replica of that replica's pool.
-        ``objective``: its priority band in the queue and its latency objectives.
+        ``objective``: its priority band in the queue and its latency objectives;
+        ``streamed``: its first token will be seen (``LoadLedger.lease``).
         """
         loop = asyncio.get_running_loop()
         queue = self._queue(_queue_name(model.name, prefill_for))
@@ -128,7 +129,7 @@ class Placer:
                         not (queue and queue.outranked(objective.priority, ticket)):
                     waited = loop.time() - started if started else 0.0
                     placement = self._reserve(model, admission, free, key, caller, prefill_for,
-                                              objective, waited)
+                                              objective, waited, streamed)
                     placement.queued_for = waited
                     return placement
                 if not wait:
@@ -166,7 +167,7 @@ class Placer:
             raise NoReplicaAvailable(f"no available {'prefill ' if prefill_for else ''}"
                                      f"replica of model `{model.name}` can take this request "
                                      f"now")
-        return {id(r) for r in available if self._has_slot(r)}
+        return {id(r) for r in available if self.has_slot(r)}
 
     def _queue(self, model: str) -> FairQueue:
         queue = self._waiters.get(model)
@@ -190,7 +191,7 @@ class Placer:
     def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
                  key: str | None = None, caller: Caller | None = None,
                  prefill_for: Replica | None = None, objective: Objective = DEFAULT_OBJECTIVE,
-                 waited: float = 0.0) -> Placement:
+                 waited: float = 0.0, streamed: bool = True) -> Placement:
         if prefill_for is None:
             pool = self.split.pick(model.pools, free, key)
             assert pool is not None  # ``free`` is not empty
@@ -203,21 +204,21 @@ class Placer:
         candidates = prefer_adapter(candidates, admission.adapter, self.signals_max_age)
         latency = self.latency if prefill_for is None else None  # answering replicas only
         if objective.timed and latency is not None:  # those predicted to meet it, first
-            candidates = self._meeting(candidates, cost.prompt_tokens, objective, waited)
+            candidates = self.meeting(candidates, cost.prompt_tokens, objective, waited)
         replica = self.policy.select(candidates, cost, self.ledger)
         prediction = None if latency is None else latency.of(replica).predict(
             self.ledger.load(replica.name), cost.prompt_tokens)
         asked = cost.output_tokens
         expected = asked if self.outputs is None or prefill_for is not None \
             else self.outputs.expect(model.name, asked)
-        lease = self.ledger.lease(replica.name, cost.prompt_tokens, expected, asked)
+        lease = self.ledger.lease(replica.name, cost.prompt_tokens, expected, asked, streamed)
         queue_name = _queue_name(model.name, prefill_for)
         lease.on_close = lambda: self._wake_one(queue_name)
         return Placement(model, admission, replica, lease, caller, asked=asked,
                          outputs=self.outputs, name=admission.name or model.name,
                          objective=objective, prediction=prediction)
 
-    def _meeting(self, candidates: list[Replica], prompt_tokens: int, objective: Objective,
+    def meeting(self, candidates: list[Replica], prompt_tokens: int, objective: Objective,
                  waited: float) -> list[Replica]:
         """The candidates predicted to meet ``objective`` after ``waited`` seconds queued
         (a replica not predicted yet may); all of them when none is (best effort), unless
@@ -247,7 +248,7 @@ class Placer:
         engine = replica.max_concurrent_requests
         return limit if engine is None else min(limit, engine)
 
-    def _has_slot(self, replica: Replica) -> bool:
+    def has_slot(self, replica: Replica) -> bool:
         load = self.ledger.load(replica.name)
         if load.in_flight >= self.limit_of(replica):
             return False

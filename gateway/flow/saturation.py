@@ -8,7 +8,8 @@ A replica is saturated when any of these passes its threshold (``flow_control``)
   requests at the scrape had room of unknown size: until the next scrape it counts as not
   saturated; the overshoot is at most one scrape interval's arrivals.)
 - the engine's KV-cache use, as scraped;
-- the ledger's outstanding tokens (exact, no scrape), when a limit is set.
+- the ledger's outstanding tokens, or its prompt tokens not yet prefilled (exact, no scrape:
+  a new prompt's first token waits for those), when a limit is set.
 Stale or missing signals saturate nothing: the in-flight limit still holds.
 """
 
@@ -24,12 +25,15 @@ class Saturation:
         self.max_waiting = config.max_waiting
         self.max_kv_usage = config.max_kv_usage
         self.max_tokens = config.max_outstanding_tokens
+        self.max_prefill = config.max_prefill_tokens
         self.signals_max_age = signals_max_age
 
     def saturated(self, replica: Replica, load: ReplicaLoad, now: float) -> bool:
         """``load``: the replica's ledger entry now; ``now``: ``time.monotonic()`` (the
         signals' clock)."""
         if self.max_tokens is not None and load.outstanding_tokens >= self.max_tokens:
+            return True
+        if self.max_prefill is not None and load.prefill_tokens >= self.max_prefill:
             return True
         signals = replica.signals
         if signals is None or not signals.fresh(now, self.signals_max_age):

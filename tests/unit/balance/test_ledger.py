@@ -84,3 +84,21 @@ def test_lease_releases_prompt_at_first_token_and_output_per_token() -> None:
     cancelled = ledger.lease("a", 50, 5)  # never prefilled: its prompt leaves at close
     cancelled.close()
     assert ledger.load("a") == ReplicaLoad(0, 0, 0)
+
+
+def test_a_non_streamed_prompt_is_outstanding_but_not_waiting_for_its_prefill() -> None:
+    """The gateway never sees a non-streamed answer's first token: its prompt counts in the
+    outstanding tokens until it ends, never as prefill still to do (flow control's gate)."""
+    ledger = InProcessLedger()
+    streamed = ledger.lease("r", 1000, 50)
+    whole = ledger.lease("r", 3000, 50, streamed=False)
+    assert ledger.load("r") == ReplicaLoad(4100, 2, 1000)
+    streamed.first_token()
+    whole.first_token()  # (the P/D path calls it for either kind)
+    assert ledger.load("r") == ReplicaLoad(100, 2, 0)
+    streamed.close()
+    whole.close()
+    assert ledger.load("r") == ReplicaLoad(0, 0, 0)
+    unread = ledger.lease("r", 3000, 50, streamed=False)
+    unread.close()  # closed before any token
+    assert ledger.load("r") == ReplicaLoad(0, 0, 0)
