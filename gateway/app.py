@@ -146,7 +146,8 @@ class Gateway:
                                   listeners.OutputLengths(),
                                   listeners.ResponseHomesRecord(self.response_homes),
                                   PrefillMetrics(self.metrics),
-                                  ObjectiveMetrics(self.metrics, self.placer.latency),
+                                  ObjectiveMetrics(self.metrics, self.placer.latency,
+                                                   self.placer.queued_by_priority),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)

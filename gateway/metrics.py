@@ -69,7 +69,8 @@ REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_repli
                      "rate_limited", "shed", "objective_unattainable",
                      "priority_not_allowed")
 # Why an API key's request was refused (per key; unauthorized has no key: key="").
-KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded", "shed")
+KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded", "shed",
+                         "priority_not_allowed")
 
 
 def status_class(status: int) -> str:

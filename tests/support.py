@@ -252,9 +252,11 @@ class StreamInThread:
     client saw them. ``started`` is set once the answer's head arrived (or the request
     failed)."""
 
-    def __init__(self, url: str, body: dict, timeout: float = 30.0) -> None:
-        self.url, self.body, self.timeout = url, body, timeout
+    def __init__(self, url: str, body: dict, timeout: float = 30.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.url, self.body, self.timeout, self.headers = url, body, timeout, headers or {}
         self.status: int | None = None
+        self.started_at: float | None = None  # time.monotonic() of the answer's head
         self.replica: str | None = None
         self.events: list[bytes] = []
         self.started = threading.Event()
@@ -263,9 +265,11 @@ class StreamInThread:
 
     def _run(self) -> None:
         try:
-            with httpx.stream("POST", self.url, json=self.body, timeout=self.timeout) as response:
+            with httpx.stream("POST", self.url, json=self.body, timeout=self.timeout,
+                              headers=self.headers) as response:
                 self.status = response.status_code
                 self.replica = response.headers.get("x-gateway-replica")
+                self.started_at = time.monotonic()
                 self.started.set()
                 self.events = [e for e in response.read().split(b"\n\n") if e]
         finally:

@@ -77,6 +77,7 @@ class FairQueue:
         self._finish: dict[str | None, float] = {}
         self._seq = itertools.count()
         self.waiting: Counter[str | None] = Counter()  # tickets per flow, entered, not left
+        self.by_priority: Counter[int] = Counter()  # the same, per band
         self.promised = 0  # waiters woken for a freed slot that have not taken it yet
 
     def __len__(self) -> int:
@@ -90,11 +91,13 @@ class FairQueue:
         else:
             tag = float(seq)
         self.waiting[flow] += 1
+        self.by_priority[priority] += 1
         return Ticket(tag, seq, flow, priority, self.clock())
 
     def leave(self, ticket: Ticket) -> None:
         self.resumed(ticket)
         self.waiting[ticket.flow] -= 1
+        self.by_priority[ticket.priority] -= 1
         if self.waiting[ticket.flow] <= 0:
             del self.waiting[ticket.flow]
             if not self.waiting:  # nobody waits: old tags mean nothing any more

@@ -167,7 +167,8 @@ class Placer:
             raise NoReplicaAvailable(f"no available {'prefill ' if prefill_for else ''}"
                                      f"replica of model `{model.name}` can take this request "
                                      f"now")
-        return {id(r) for r in available if self.has_slot(r)}
+        now = self.clock()
+        return {id(r) for r in available if self.has_slot(r, now)}
 
     def _queue(self, model: str) -> FairQueue:
         queue = self._waiters.get(model)
@@ -248,12 +249,13 @@ class Placer:
         engine = replica.max_concurrent_requests
         return limit if engine is None else min(limit, engine)
 
-    def has_slot(self, replica: Replica) -> bool:
+    def has_slot(self, replica: Replica, now: float | None = None) -> bool:
+        """Below its in-flight limit and not saturated (``now``: the signals' clock)."""
         load = self.ledger.load(replica.name)
         if load.in_flight >= self.limit_of(replica):
             return False
-        return self.saturation is None or not self.saturation.saturated(replica, load,
-                                                                        self.clock())
+        return self.saturation is None or not self.saturation.saturated(
+            replica, load, self.clock() if now is None else now)
 
     async def _wait_for_slot(self, queue: FairQueue, model: str, deadline: float,
                              ticket: Ticket) -> None:
@@ -277,3 +279,8 @@ class Placer:
 
     def queued(self, model: str) -> int:
         return len(self._waiters.get(model, ()))  # type: ignore[arg-type]
+
+    def queued_by_priority(self) -> dict[tuple[str, int], int]:
+        """Requests waiting here now, by queue (a model, or its prefills) and band."""
+        return {(name, band): n for name, queue in self._waiters.items()
+                for band, n in queue.by_priority.items()}

@@ -7,6 +7,9 @@ outcomes (``gateway.dataplane.outcome``), told once per attempt that ends.
   non-streamed answer's first token is its whole answer. TPOT is judged on streams.
 - ``llm_gateway_latency_prediction_error_ratio{model, kind=ttft|tpot}``: |predicted -
   measured| / measured, of streamed requests placed with a prediction.
+- ``llm_gateway_waiting_requests{model, priority}``: requests waiting at the gateway now (for
+  a free or unsaturated replica), read when scraped; ``model`` is the queue's (a P/D model's
+  prefills wait in ``"<model> (prefill)"``).
 
 Each streamed request that completes teaches its pool's latency model what its placement's
 features gave (``gateway.flow.latency_model``), whether or not it had an objective.
@@ -14,7 +17,11 @@ features gave (``gateway.flow.latency_model``), whether or not it had an objecti
 
 from __future__ import annotations
 
+from typing import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.dataplane.outcome import Attempt, Listener
 from gateway.flow.latency_model import LatencyModels
@@ -23,10 +30,25 @@ from gateway.metrics import GatewayMetrics
 ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 
 
+class _Waiting(Collector):
+    def __init__(self, queued: Callable[[], dict[tuple[str, int], int]]) -> None:
+        self.queued = queued
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("llm_gateway_waiting_requests", "Requests waiting at the "
+                                   "gateway for a replica with room, by priority band.",
+                                   labels=("model", "priority"))
+        for (model, band), n in sorted(self.queued().items()):
+            family.add_metric((model, str(band)), n)
+        yield family
+
+
 class ObjectiveMetrics(Listener):
-    def __init__(self, metrics: GatewayMetrics, models: LatencyModels | None) -> None:
+    def __init__(self, metrics: GatewayMetrics, models: LatencyModels | None,
+                 queued: Callable[[], dict[tuple[str, int], int]] = dict) -> None:
         self.models = models
         r = metrics.registry or CollectorRegistry()  # metrics off: counted nowhere visible
+        r.register(_Waiting(queued))
         self.requests = Counter("llm_gateway_objective_requests", "Completed requests with a "
                                 "latency objective, by whether they met it (goodput: the rate "
                                 "of met).", ("model", "priority", "outcome"), registry=r)

@@ -34,10 +34,11 @@ LORA = ("--enable-lora", "--max-lora-rank", "8")
 class Stream(StreamInThread):
     """One greedy streamed completion of ``max_tokens`` through the gateway."""
 
-    def __init__(self, gateway: str, max_tokens: int) -> None:
+    def __init__(self, gateway: str, max_tokens: int,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(gateway + "/v1/completions", {
             "model": "tiny", "prompt": "faults", "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}, timeout=120)
+            "ignore_eos": True}, timeout=120, headers=headers)
 
     @property
     def complete(self) -> bool:
@@ -161,6 +162,40 @@ def test_responses_conversations_stay_on_the_replica_that_stored_them(
             # Why it matters: the other engine has never heard of it.
             other = urls["b" if home == "a" else "a"]
             assert httpx.get(f"{other}/v1/responses/{last}").status_code == 404
+        ledger_settles(gateway)
+
+
+def engine_waiting(engine: Engine) -> float:
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_waiting{"))
+
+
+def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
+        engines: list[Engine], tiny_model: Path, adapters: dict[str, Path],
+        tmp_path: Path) -> None:
+    """Each engine saturated by one request (``max_outstanding_tokens: 1``, the ledger's
+    exact gate): what comes next waits at the gateway, none inside vLLM, and a priority-1
+    request goes before a priority-0 one sent earlier; a sheddable one is refused."""
+    config = {**fleet_config(engines, tiny_model, adapters),
+              "flow_control": {"max_outstanding_tokens": 1}}
+    with gateway_server(tmp_path, config) as (gateway, _):
+        fill = [Stream(gateway, 1000) for _ in engines]  # seconds each, on the CPU
+        for stream in fill:
+            assert stream.started.wait(60) and stream.status == 200
+        batch = Stream(gateway, 8, {"x-gateway-priority": "0"})
+        wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority")
+                   .get("0") == 1, 30, "the batch request to wait at the gateway")
+        chat = Stream(gateway, 8, {"x-gateway-priority": "1"})
+        wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority")
+                   .get("1") == 1, 30, "the chat request to wait at the gateway")
+        assert [engine_waiting(e) for e in engines] == [0, 0]  # vLLM holds no queue
+        shed = httpx.post(gateway + "/v1/completions", headers={"x-gateway-priority": "-1"},
+                          json={"model": "tiny", "prompt": "eval", "max_tokens": 2}, timeout=30)
+        assert shed.status_code == 429 and shed.json()["error"]["code"] == "shed"
+        for stream in [*fill, batch, chat]:
+            assert stream.join().complete
+        assert chat.started_at < batch.started_at  # type: ignore[operator]
         ledger_settles(gateway)
 
 
