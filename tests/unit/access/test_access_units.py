@@ -177,3 +177,19 @@ def test_redis_down_fails_open_or_closed_with_one_log_line_per_transition(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3, lines  # down, back, down (fail closed)
     assert "unreachable" in lines[0] and "back" in lines[1] and "fail_closed" in lines[2]
+
+
+def test_a_keys_objective_and_ceiling_survive_the_shared_store() -> None:
+    from gateway.access.store import dump_key, load_key
+    from gateway.config import ObjectiveConfig
+
+    key = ApiKey("chat", "ab" * 32, None, 1.0, KeyLimits(), "admin", 5.0,
+                 ObjectiveConfig(priority=1, ttft_ms=500), 3)
+    again = load_key(dump_key(key))
+    assert again is not None and again.objective == key.objective and again.max_priority == 3
+    assert again.priority_ceiling == 3
+    plain = load_key(dump_key(ApiKey("batch", "cd" * 32, None, 1.0, KeyLimits(), "admin")))
+    assert plain is not None and plain.objective is None and plain.priority_ceiling == 0
+    assert ApiKey("low", "ef" * 32, None, 1.0, KeyLimits(),
+                  objective=ObjectiveConfig(priority=-1)).priority_ceiling == -1
+    assert "sha256" not in key.describe() and key.describe()["max_priority"] == 3
