@@ -125,3 +125,47 @@ async def test_an_objective_goes_to_a_replica_predicted_to_meet_it() -> None:
     for p in [busy[19], *more]:
         p.lease.close()
     assert all(r.ledger.load(x.name).in_flight == 0 for x in replicas)
+
+
+@pytest.mark.parametrize("ageing", [0.2, 0.0])
+async def test_ageing_serves_a_low_band_under_a_flood_of_a_higher_one(ageing: float) -> None:
+    """A replica taking one request at a time, a priority-1 flood that always has waiters:
+    with strict order (``ageing_seconds: 0``) the priority-0 request waits as long as the
+    flood lasts; with ageing it is served within about ``ageing_seconds``."""
+    (r0,), model = fleet()
+    r = Routing({"m": model}, make_policy("least_outstanding_tokens"), InProcessLedger(),
+                BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=30),
+                flow=FlowControlConfig(ageing_seconds=ageing))
+    adm = admission(r)
+    served: list[str] = []
+    stop = asyncio.Event()
+
+    async def one(name: str, priority: int) -> None:
+        placement = await r.place(model, adm, objective=Objective(priority=priority))
+        served.append(name)
+        await asyncio.sleep(0.01)
+        placement.lease.close()
+
+    async def flood() -> None:
+        tasks: set[asyncio.Task] = set()
+        while not stop.is_set():
+            tasks = {t for t in tasks if not t.done()}
+            while len(tasks) < 4:
+                tasks.add(asyncio.create_task(one("chat", 1)))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*tasks)
+
+    flooding = asyncio.create_task(flood())
+    await wait_until_async(lambda: len(served) >= 3, 5, "the flood to run", every=0.001)
+    before = len(served)
+    batch = asyncio.create_task(one("batch", 0))
+    await wait_until_async(lambda: "batch" in served or len(served) >= before + 100, 10,
+                           "the batch request, or 100 of the flood's", every=0.001)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(flooding, batch), 5)
+    waited_for = served.index("batch") - before  # flood requests served while it waited
+    if ageing:
+        assert 0 < waited_for < 60, served  # ~0.2 s of 10 ms requests, then its turn
+    else:
+        assert waited_for >= 100  # only once the flood stopped
+    assert r.queued("m") == 0 and r.ledger.load("r0").in_flight == 0
