@@ -8,8 +8,8 @@ Four simulated GPUs on vLLM V1's timing model (``gateway.sim.vllm_v1``, the
 ``llama3-8b-h100-vllm-v1`` profile) take a mix of three kinds of traffic (``KINDS``):
 interactive chat at priority 1 with a 500 ms TTFT objective, batch at priority 0, and
 evaluation traffic at -1 (sheddable). Arrivals are Poisson at a share of the fleet's
-saturation (round robin's requests/s with the whole mix arriving at once), from half to twice
-it. Each arrival goes through the real parts: the policy object and ledger, and in the flow
+saturation (its requests/s with the whole mix arriving at once, sent to the replica with the
+fewest requests), from half to twice it. Each arrival goes through the real parts: the policy object and ledger, and in the flow
 rows the ``Placer``'s own slot check (saturation from scraped engine signals, kept current by
 the ledger) and objective filter, the fair queue's bands, the online latency model. Nothing
 times out: what waits at the gateway waits until served.
@@ -27,7 +27,9 @@ Rows:
 Figures per load, mean over seeds with a 95% t interval: interactive goodput (interactive
 requests whose TTFT met 500 ms, per second of arrivals), interactive TTFT p50 and p99, the
 share of batch requests completed, the share of all requests shed; for the objectives row,
-the latency model's TTFT error (|predicted - measured| / measured, median and p90).
+the latency model's TTFT error (|predicted - measured| / measured, median and p90). Then, per
+load, each row's goodput against today's (a ratio per seed) and the objectives row's against
+each peer's (a difference per seed; an interval that holds 0 cannot tell them apart).
 """
 
 from __future__ import annotations
@@ -149,8 +151,9 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
     peer_rng = random.Random(1)
     flights: dict[int, _Flight] = {}
     ttft: list[float | None] = [None] * len(requests)
-    shed = completed = 0
+    shed = completed = held = engine_queue = 0
     done_by_kind = {k: 0 for k in KINDS}
+    shed_by_kind = {k: 0 for k in KINDS}
     errors: list[float] = []
     events: list[tuple[float, int, int, Any]] = []
     ARRIVE, STEP_END, SCRAPE = 0, 1, 2
@@ -198,7 +201,7 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
         return True
 
     def arrive(k: int) -> None:
-        nonlocal shed
+        nonlocal shed, held
         if row == "today":
             send(k, policy.select(replicas, RequestCost(requests[k].prompt,
                                                         requests[k].output), ledger))
@@ -211,7 +214,9 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
                 return
             if goal.sheddable:
                 shed += 1
+                shed_by_kind[requests[k].kind] += 1
                 return
+            held += 1
             ticket = queue.enter(None, 1.0, requests[k].prompt + requests[k].output,
                                  goal.priority)
             queue.park(ticket, _Waiter(ticket, woken))
@@ -262,6 +267,7 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
             drain()
             start_step(i)
         else:
+            engine_queue = max(engine_queue, *(len(sched.waiting) for sched in engines))
             for r, sched in zip(replicas, engines):
                 r.signals = EngineSignals(len(sched.running), len(sched.waiting),
                                           sched.kv_used / profile.kv_capacity_tokens,
@@ -277,6 +283,9 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
     batch_total = sum(1 for r in requests if r.kind == "batch")
     return {
         "row": row, "goodput": met / span, "completed": completed, "finished_at": now,
+        "shed_by_kind": shed_by_kind, "held": held, "engine_queue_max": engine_queue,
+        "ledger_left": {r.name: ledger.load(r.name) for r in replicas
+                        if ledger.load(r.name).in_flight or ledger.load(r.name).outstanding_tokens},
         "ttft_p50": percentile(sorted(interactive), 50),
         "ttft_p99": percentile(sorted(interactive), 99),
         "batch_completed": done_by_kind["batch"] / batch_total,
@@ -287,7 +296,7 @@ def run_row(row: str, requests: list[_Request], arrivals: list[float],
 
 
 def saturation(seed: int = 0, n: int = 2000) -> float:
-    """Round robin's requests/s with the whole mix arriving at once (the fleet's capacity)."""
+    """The fleet's requests/s with the whole mix arriving at once (its capacity)."""
     requests, _ = workload(n, 1.0, seed)
     result = run_row("shortest_queue (sglang-router's balance rule)", requests,
                      [1e-9 * (k + 1) for k in range(n)])
@@ -350,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = [r["goodput"] / max(t["goodput"], 1e-9)
                           for r, t in zip(by_row[row], by_row["today"])]
                 print(f"- {row}: goodput {cell(ratios, 2)} x today's (paired by seed)")
+        best = "priority+objectives"
+        for peer in (r for r in PEER_ROWS if r in by_row and best in by_row):
+            gains = [b["goodput"] - p["goodput"] for b, p in zip(by_row[best], by_row[peer])]
+            print(f"- {best} - {peer}: goodput {cell(gains, 2)} /s (paired by seed)")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(runs, out, indent=1)
