@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple, TypeVar
 
 from gateway.protocol.errors import GatewayError, InvalidRequest
 
@@ -29,6 +29,7 @@ TPOT_HEADER = b"x-slo-tpot-ms"
 STRICT_HEADER = b"x-slo-strict"
 MAX_PRIORITY = 100  # bands are -100..100
 MAX_OBJECTIVE_MS = 3_600_000.0  # an hour
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,30 +93,28 @@ def resolve(headers: ObjectiveHeaders, key: "ObjectiveConfig | None",
     return Objective(priority, ttft, tpot, strict)
 
 
-def _integer(raw: bytes, header: bytes) -> int:
-    name = header.decode()
+def _parsed(raw: bytes, header: bytes, convert: Callable[[bytes], T], what: str) -> T:
     try:
-        value = int(raw.strip())
+        return convert(raw.strip())
     except ValueError:
-        raise InvalidRequest(f"header `{name}` must be an integer, got "
-                             f"{raw[:40].decode('latin-1')!r}", param=name) from None
+        raise InvalidRequest(f"header `{header.decode()}` must be {what}, got "
+                             f"{raw[:40].decode('latin-1')!r}", param=header.decode()) from None
+
+
+def _integer(raw: bytes, header: bytes) -> int:
+    value = _parsed(raw, header, int, "an integer")
     if abs(value) > MAX_PRIORITY:
-        raise InvalidRequest(f"header `{name}` must be between {-MAX_PRIORITY} and "
-                             f"{MAX_PRIORITY}, got {value}", param=name)
+        raise InvalidRequest(f"header `{header.decode()}` must be between {-MAX_PRIORITY} "
+                             f"and {MAX_PRIORITY}, got {value}", param=header.decode())
     return value
 
 
 def _milliseconds(raw: bytes, header: bytes) -> float:
-    name = header.decode()
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise InvalidRequest(f"header `{name}` must be a number of milliseconds, got "
-                             f"{raw[:40].decode('latin-1')!r}", param=name) from None
+    value = _parsed(raw, header, float, "a number of milliseconds")
     if not math.isfinite(value) or not 0 < value <= MAX_OBJECTIVE_MS:
-        raise InvalidRequest(f"header `{name}` must be more than 0 and at most "
+        raise InvalidRequest(f"header `{header.decode()}` must be more than 0 and at most "
                              f"{MAX_OBJECTIVE_MS:.0f} ms, got {raw[:40].decode('latin-1')}",
-                             param=name)
+                             param=header.decode())
     return value
 
 
