@@ -136,8 +136,8 @@ class Placer:
                     raise Overloaded(f"every replica of model `{model.name}` that can take "
                                      f"this request is at its in-flight limit")
                 if objective.sheddable:
-                    raise Shed(f"every replica of model `{model.name}` that can take this "
-                               f"request is saturated, and its priority "
+                    raise Shed(f"no replica of model `{model.name}` has room for this request "
+                               f"now (saturated or full), and its priority "
                                f"({objective.priority}) is sheddable")
                 if ticket is None:
                     started = loop.time()
