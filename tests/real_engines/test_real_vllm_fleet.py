@@ -12,6 +12,8 @@ gateway's own drain on SIGTERM. After each, every replica's ledger is back at ze
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,27 +177,41 @@ def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
         engines: list[Engine], tiny_model: Path, adapters: dict[str, Path],
         tmp_path: Path) -> None:
     """Each engine saturated by one request (``max_outstanding_tokens: 1``, the ledger's
-    exact gate): what comes next waits at the gateway, none inside vLLM, and a priority-1
-    request goes before a priority-0 one sent earlier; a sheddable one is refused."""
+    exact gate). Six long batch requests (priority 0): two run, four wait at the gateway; a
+    sheddable request is refused; two chat requests (priority 1) sent then start before any
+    batch request that was still waiting. vLLM's own queue stays empty throughout."""
     config = {**fleet_config(engines, tiny_model, adapters),
               "flow_control": {"max_outstanding_tokens": 1}}
     with gateway_server(tmp_path, config) as (gateway, _):
-        fill = [Stream(gateway, 1000) for _ in engines]  # seconds each, on the CPU
-        for stream in fill:
-            assert stream.started.wait(60) and stream.status == 200
-        batch = Stream(gateway, 8, {"x-gateway-priority": "0"})
+        waiting = {"engines": 0.0, "gateway": 0.0}
+        done = threading.Event()
+
+        def sample() -> None:  # the most either held at once
+            while not done.is_set():
+                waiting["engines"] = max(waiting["engines"],
+                                         sum(engine_waiting(e) for e in engines))
+                waiting["gateway"] = max(waiting["gateway"], sum(by_label(
+                    gateway, "llm_gateway_waiting_requests", "priority").values()))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        batch = [Stream(gateway, 1000, {"x-gateway-priority": "0"}) for _ in range(6)]
         wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority")
-                   .get("0") == 1, 30, "the batch request to wait at the gateway")
-        chat = Stream(gateway, 8, {"x-gateway-priority": "1"})
-        wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority")
-                   .get("1") == 1, 30, "the chat request to wait at the gateway")
-        assert [engine_waiting(e) for e in engines] == [0, 0]  # vLLM holds no queue
+                   .get("0") == 4, 30, "four batch requests to wait at the gateway")
         shed = httpx.post(gateway + "/v1/completions", headers={"x-gateway-priority": "-1"},
                           json={"model": "tiny", "prompt": "eval", "max_tokens": 2}, timeout=30)
         assert shed.status_code == 429 and shed.json()["error"]["code"] == "shed"
-        for stream in [*fill, batch, chat]:
+        chats_sent = time.monotonic()
+        chats = [Stream(gateway, 8, {"x-gateway-priority": "1"}) for _ in range(2)]
+        for stream in [*batch, *chats]:
             assert stream.join().complete
-        assert chat.started_at < batch.started_at  # type: ignore[operator]
+        done.set()
+        sampler.join(10)
+        behind = [b.started_at for b in batch if b.started_at > chats_sent]  # type: ignore[operator]
+        assert len(behind) >= 2  # batch requests still waiting when the chats came ...
+        assert max(c.started_at for c in chats) < min(behind)  # type: ignore[type-var]
+        assert waiting["gateway"] >= 4 and waiting["engines"] == 0  # ... at the gateway
         ledger_settles(gateway)
 
 
