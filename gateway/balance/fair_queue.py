@@ -118,22 +118,23 @@ class FairQueue:
             heapq.heappush(self._bands.setdefault(ticket.priority, []), ticket)
 
     def wake_one(self) -> bool:
-        """A slot was freed: the first waiter of the first band (ageing counted) tries again."""
-        while True:
-            ticket = self._first()
-            if ticket is None:
-                return False
-            heapq.heappop(self._bands[ticket.priority])
-            ticket.queued = False
-            waiter = ticket.waiter
-            if waiter is not None and not waiter.done():
-                if self.fair:
-                    self._virtual = max(self._virtual, ticket.tag)
-                waiter.set_result(None)
-                if not ticket.woken:
-                    ticket.woken = True
-                    self.promised += 1
-                return True
+        """A slot was freed: the first waiter of the first band (ageing counted) is promised it
+        and tries again. (One already on its way back from a re-check takes the promise with
+        it.)"""
+        ticket = self._first()
+        if ticket is None:
+            return False
+        heapq.heappop(self._bands[ticket.priority])
+        ticket.queued = False
+        if self.fair:
+            self._virtual = max(self._virtual, ticket.tag)
+        waiter = ticket.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if not ticket.woken:
+            ticket.woken = True
+            self.promised += 1
+        return True
 
     def outranked(self, priority: int, ticket: Ticket | None = None) -> bool:
         """Whether a parked waiter of a higher band should have a free slot before a request
@@ -169,8 +170,9 @@ class FairQueue:
         return best
 
     def _live_head(self, band: int, heap: list[Ticket]) -> Ticket | None:
-        """The band's first ticket whose request still waits (stale entries dropped)."""
-        while heap and (heap[0].waiter is None or heap[0].waiter.done()):
+        """The band's first ticket whose request still waits (those that left dropped; one
+        re-checking for a slot right now still waits)."""
+        while heap and heap[0].waiter is None:
             heapq.heappop(heap).queued = False
         if not heap:
             del self._bands[band]

@@ -119,13 +119,14 @@ class Placer:
         queue = self._queue(_queue_name(model.name, prefill_for))
         started = deadline = 0.0
         ticket: Ticket | None = None
+        woken = False  # this request was woken for a freed slot (the slot is promised to it)
         try:
             while True:
                 free = self._free_slots(model, admission, exclude, key, prefill_for)
-                # A slot freed for a woken waiter is that waiter's: a newcomer that sees it
-                # joins the queue instead (a free slot no waiter was woken for is free).
-                # So is one a waiter of a higher band should have first.
-                if free and (ticket is not None or not wait or not queue.promised) and \
+                # A slot freed for a woken waiter is that waiter's: a newcomer, or a waiter
+                # back from a re-check, that sees it waits on (a free slot no waiter was woken
+                # for is free). So is one a waiter of a higher band should have first.
+                if free and (woken or not wait or not queue.promised) and \
                         not (queue and queue.outranked(objective.priority, ticket)):
                     waited = loop.time() - started if started else 0.0
                     placement = self._reserve(model, admission, free, key, caller, prefill_for,
@@ -145,6 +146,7 @@ class Placer:
                     ticket = self._enter_queue(queue, model.name, admission, caller,
                                                objective.priority)
                 await self._wait_for_slot(queue, model.name, deadline, ticket)
+                woken = ticket.woken
                 queue.resumed(ticket)
         finally:
             if ticket is not None:

@@ -169,3 +169,36 @@ async def test_ageing_serves_a_low_band_under_a_flood_of_a_higher_one(ageing: fl
     else:
         assert waited_for >= 100  # only once the flood stopped
     assert r.queued("m") == 0 and r.ledger.load("r0").in_flight == 0
+
+
+async def test_a_slot_promised_to_a_higher_band_is_not_taken_by_a_waiter_rechecking(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiters also re-check for slots on a timer (slots freed where no lease closes here).
+    With the timer made very short, a lower band's waiter is re-checking whenever a slot
+    frees; the slot was promised to the higher band's waiter, which gets it every time."""
+    import gateway.dataplane.placement as placement
+
+    monkeypatch.setattr(placement, "_RECHECK_SECONDS", 0.0005)
+    (r0,), model = fleet()
+    r = Routing({"m": model}, make_policy("least_outstanding_tokens"), InProcessLedger(),
+                BackpressureConfig(max_in_flight_per_replica=1, queue_timeout=10))
+    adm = admission(r)
+    for _ in range(20):
+        busy = await r.place(model, adm)
+        order: list[str] = []
+
+        async def one(name: str, priority: int) -> None:
+            placement_ = await r.place(model, adm, objective=Objective(priority=priority))
+            order.append(name)
+            await asyncio.sleep(0.002)
+            placement_.lease.close()
+
+        low = asyncio.create_task(one("batch", 0))
+        await wait_until_async(lambda: r.queued("m") == 1, 5, "batch queued", every=0.001)
+        high = asyncio.create_task(one("chat", 1))
+        await wait_until_async(lambda: r.queued("m") == 2, 5, "chat queued", every=0.001)
+        await asyncio.sleep(0.003)  # both re-checking by now
+        busy.lease.close()
+        await asyncio.wait_for(asyncio.gather(low, high), 5)
+        assert order == ["chat", "batch"]
+    assert r.queued("m") == 0 and r.ledger.load("r0").in_flight == 0
