@@ -11,9 +11,8 @@ gateway's own drain on SIGTERM. After each, every replica's ledger is back at ze
 
 from __future__ import annotations
 
-import contextlib
+import os
 import signal
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -177,53 +176,44 @@ def engine_waiting(engine: Engine) -> float:
 def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
         engines: list[Engine], tiny_model: Path, adapters: dict[str, Path],
         tmp_path: Path) -> None:
-    """Each engine saturated by one request (``max_outstanding_tokens: 1``, the ledger's
-    exact gate). Twelve long batch requests (priority 0): two run, ten wait at the gateway; a
-    sheddable request is refused; two chat requests (priority 1) sent then start before the
-    batch requests still waiting. vLLM's own queue stays empty throughout."""
+    """Each engine saturated by one long request (``max_outstanding_tokens: 1``, the
+    ledger's exact gate) and paused there (SIGSTOP), so that what follows waits however fast
+    the engines run: four batch requests (priority 0) wait at the gateway, a sheddable one is
+    refused, two chat requests (priority 1) wait behind them. Resumed, the engines take the
+    chats first, and vLLM's own queue stays empty while the gateway's drains."""
     config = {**fleet_config(engines, tiny_model, adapters),
-              "flow_control": {"max_outstanding_tokens": 1},
-              "backpressure": {"queue_timeout": 120}}  # the last waits for five before it
+              "flow_control": {"max_outstanding_tokens": 1}}
     with gateway_server(tmp_path, config) as (gateway, _):
-        waiting = {"engines": 0.0, "gateway": 0.0}
-        done = threading.Event()
+        def waiting(band: str) -> float:
+            return by_label(gateway, "llm_gateway_waiting_requests", "priority").get(band, 0)
 
-        def sample() -> None:  # the most either held at once
-            while not done.is_set():
-                with contextlib.suppress(httpx.HTTPError):  # a slow scrape: the next one
-                    waiting["engines"] = max(waiting["engines"],
-                                             sum(engine_waiting(e) for e in engines))
-                    waiting["gateway"] = max(waiting["gateway"], sum(by_label(
-                        gateway, "llm_gateway_waiting_requests", "priority").values()))
-                time.sleep(0.1)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        batch = [Stream(gateway, 600, {"x-gateway-priority": "0"}) for _ in range(12)]
-        wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority")
-                   .get("0", 0) >= 6, 30, lambda: ("batch requests waiting at the gateway",
-                                                   by_label(gateway, "llm_gateway_waiting_"
-                                                            "requests", "priority")))
-        shed = httpx.post(gateway + "/v1/completions", headers={"x-gateway-priority": "-1"},
-                          json={"model": "tiny", "prompt": "eval", "max_tokens": 2}, timeout=30)
-        assert shed.status_code == 429 and shed.json()["error"]["code"] == "shed"
-        chats_sent = time.monotonic()
-        chats = [Stream(gateway, 8, {"x-gateway-priority": "1"}) for _ in range(2)]
-        for stream in [*batch, *chats]:
+        held = [Stream(gateway, 1000) for _ in engines]
+        for stream in held:
+            assert stream.started.wait(60) and stream.status == 200
+        for engine in engines:
+            os.killpg(engine.proc.pid, signal.SIGSTOP)
+        try:
+            assert [r["in_flight"] for r in replicas(gateway).values()] == [1, 1]
+            batch = [Stream(gateway, 8, {"x-gateway-priority": "0"}) for _ in range(4)]
+            wait_until(lambda: waiting("0") == 4, 30, "the batch requests to wait")
+            shed = httpx.post(gateway + "/v1/completions", timeout=30,
+                              headers={"x-gateway-priority": "-1"},
+                              json={"model": "tiny", "prompt": "eval", "max_tokens": 2})
+            assert shed.status_code == 429 and shed.json()["error"]["code"] == "shed"
+            chats = [Stream(gateway, 8, {"x-gateway-priority": "1"}) for _ in range(2)]
+            wait_until(lambda: waiting("1") == 2, 30, "the chat requests to wait")
+        finally:
+            for engine in engines:
+                os.killpg(engine.proc.pid, signal.SIGCONT)
+        engine_queue = []  # vLLM's own waiting requests while the gateway's queue drains
+        deadline = time.monotonic() + 120
+        while not all(s.started.is_set() for s in [*batch, *chats]) and \
+                time.monotonic() < deadline:
+            engine_queue.append(sum(engine_waiting(e) for e in engines))
+        for stream in [*held, *batch, *chats]:
             assert stream.join().complete
-        done.set()
-        sampler.join(10)
-        # A stream's head comes with its first token, after its placement. So the batch
-        # requests that start between the chats' sending and the last chat's start can only
-        # be those placed before the chats were queued: at most one per engine already
-        # running, and one per engine freed while the chats were on their way in. First
-        # come, first served would put every batch request waiting then (six or more) first.
-        last_chat = max(c.started_at for c in chats)  # type: ignore[type-var]
-        overtook = [b for b in batch if chats_sent < b.started_at < last_chat]  # type: ignore[operator]
-        assert len(overtook) <= 2 * len(engines), (chats_sent, last_chat,
-                                                   [b.started_at for b in batch])
-        assert sum(b.started_at > last_chat for b in batch) >= 2  # type: ignore[operator]
-        assert waiting["gateway"] >= 6 and waiting["engines"] == 0  # ... at the gateway
+        assert max(c.started_at for c in chats) < min(b.started_at for b in batch)  # type: ignore[type-var]
+        assert engine_queue and max(engine_queue) == 0
         ledger_settles(gateway)
 
 
