@@ -250,6 +250,7 @@ class GatewayMetrics:
         self._replicas: Callable[[], Iterable[Replica]] = lambda: ()
         self._zeroed: set[str] = set()  # replicas whose error/retry series exist
         self._gauges: dict[str, Gauge] = {}
+        self._readers: list[Callable[[], None]] = []  # set gauges from the gateway's objects
         if self.multiprocess:
             self._exposed = CollectorRegistry()
             multiprocess.MultiProcessCollector(self._exposed)
@@ -354,8 +355,15 @@ class GatewayMetrics:
         else:
             self.registry.register(_ReplicaGaugeCollector(lambda: self._replica_snapshot))
 
+    def read_on_scrape(self, reader: Callable[[], None]) -> None:
+        """``reader`` sets gauges from the gateway's own objects, on the event loop, before
+        each scrape (and, with workers, each publication of this worker's values)."""
+        self._readers.append(reader)
+
     def publish_replica_gauges(self) -> None:
         """Multiprocess mode: write this worker's per-replica values to its files."""
+        for reader in self._readers:
+            reader()
         if self._replica_source is None or not self._gauges:
             return
         self._replica_series_at_zero()
@@ -387,6 +395,8 @@ class GatewayMetrics:
         if self.multiprocess:
             self.publish_replica_gauges()
         else:
+            for reader in self._readers:
+                reader()
             self._replica_series_at_zero()
             if self._replica_source is not None:
                 self._replica_snapshot = list(self._replica_source())

@@ -17,11 +17,9 @@ features gave (``gateway.flow.latency_model``), whether or not it had an objecti
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.dataplane.outcome import Attempt, Listener
 from gateway.flow.latency_model import LatencyModels
@@ -30,25 +28,16 @@ from gateway.metrics import GatewayMetrics
 ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 
 
-class _Waiting(Collector):
-    def __init__(self, queued: Callable[[], dict[tuple[str, int], int]]) -> None:
-        self.queued = queued
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("llm_gateway_waiting_requests", "Requests waiting at the "
-                                   "gateway for a replica with room, by priority band.",
-                                   labels=("model", "priority"))
-        for (model, band), n in sorted(self.queued().items()):
-            family.add_metric((model, str(band)), n)
-        yield family
-
-
 class ObjectiveMetrics(Listener):
     def __init__(self, metrics: GatewayMetrics, models: LatencyModels | None,
                  queued: Callable[[], dict[tuple[str, int], int]] = dict) -> None:
         self.models = models
+        self.queued = queued
         r = metrics.registry or CollectorRegistry()  # metrics off: counted nowhere visible
-        r.register(_Waiting(queued))
+        self.waiting = Gauge("llm_gateway_waiting_requests", "Requests waiting at the gateway "
+                             "for a replica with room, by priority band.", ("model", "priority"),
+                             multiprocess_mode="livesum", registry=r)
+        metrics.read_on_scrape(self._read_waiting)
         self.requests = Counter("llm_gateway_objective_requests", "Completed requests with a "
                                 "latency objective, by whether they met it (goodput: the rate "
                                 "of met).", ("model", "priority", "outcome"), registry=r)
@@ -56,6 +45,10 @@ class ObjectiveMetrics(Listener):
                                "measured| / measured TTFT (from placement) and TPOT of streamed "
                                "requests.", ("model", "kind"), buckets=ERROR_BUCKETS,
                                registry=r)
+
+    def _read_waiting(self) -> None:
+        for (model, band), n in self.queued().items():  # a band that emptied reads 0
+            self.waiting.labels(model, str(band)).set(n)
 
     def ended(self, attempt: Attempt) -> None:
         if attempt.request.shadow or not attempt.completed:
