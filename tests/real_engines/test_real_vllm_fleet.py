@@ -167,10 +167,14 @@ def test_responses_conversations_stay_on_the_replica_that_stored_them(
         ledger_settles(gateway)
 
 
-def engine_waiting(engine: Engine) -> float:
+def engine_load(engine: Engine) -> tuple[float, float]:
+    """vLLM's own gauges: requests running, and waiting, as of its last step."""
     text = httpx.get(engine.url + "/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_waiting{"))
+
+    def gauge(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{"))
+    return gauge("vllm:num_requests_running"), gauge("vllm:num_requests_waiting")
 
 
 def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
@@ -180,18 +184,19 @@ def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
     ledger's exact gate) and paused there (SIGSTOP), so that what follows waits however fast
     the engines run: four batch requests (priority 0) wait at the gateway, a sheddable one is
     refused, two chat requests (priority 1) wait behind them. Resumed, the engines take the
-    chats first, and vLLM's own queue stays empty while the gateway's drains."""
+    chats first, and each engine holds one request at a time while the gateway's queue
+    drains."""
     config = {**fleet_config(engines, tiny_model, adapters),
               "flow_control": {"max_outstanding_tokens": 1}}
     with gateway_server(tmp_path, config) as (gateway, _):
         def waiting(band: str) -> float:
             return by_label(gateway, "llm_gateway_waiting_requests", "priority").get(band, 0)
 
+        by_name = dict(zip("ab", engines))  # fleet_config's replica names
         held = [Stream(gateway, 1000) for _ in engines]
-        for stream in held:
+        for stream in held:  # each engine paused as soon as its request is running there
             assert stream.started.wait(60) and stream.status == 200
-        for engine in engines:
-            os.killpg(engine.proc.pid, signal.SIGSTOP)
+            os.killpg(by_name[stream.replica].proc.pid, signal.SIGSTOP)  # type: ignore[index]
         try:
             assert [r["in_flight"] for r in replicas(gateway).values()] == [1, 1]
             batch = [Stream(gateway, 8, {"x-gateway-priority": "0"}) for _ in range(4)]
@@ -205,15 +210,17 @@ def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
         finally:
             for engine in engines:
                 os.killpg(engine.proc.pid, signal.SIGCONT)
-        engine_queue = []  # vLLM's own waiting requests while the gateway's queue drains
+        loads = []  # vLLM's own (running, waiting) per engine while the gateway's queue drains
         deadline = time.monotonic() + 120
         while not all(s.started.is_set() for s in [*batch, *chats]) and \
                 time.monotonic() < deadline:
-            engine_queue.append(sum(engine_waiting(e) for e in engines))
+            loads += [engine_load(e) for e in engines]
         for stream in [*held, *batch, *chats]:
             assert stream.join().complete
         assert max(c.started_at for c in chats) < min(b.started_at for b in batch)  # type: ignore[type-var]
-        assert engine_queue and max(engine_queue) == 0
+        # Each engine runs one request at a time; the next reaches it only when one ends (it
+        # may be sampled waiting for the engine's next step: at most that one).
+        assert loads and max(r for r, _ in loads) <= 1 and max(w for _, w in loads) <= 1
         ledger_settles(gateway)
 
 
