@@ -25,26 +25,41 @@ def features(load: ReplicaLoad, prompt_tokens: int) -> Features:
 
 
 class _LeastSquares:
-    """Recursive least squares with forgetting factor ``forgetting`` (recent samples weigh
-    more: the engine's speed drifts with its batch mix)."""
+    """Recursive least squares over the three features, with forgetting factor
+    ``forgetting`` (recent samples weigh more: the engine's speed drifts with its batch mix).
+    Written out for three: it runs once per completed request, on the event loop."""
 
-    def __init__(self, size: int, forgetting: float, scale: float = 1000.0) -> None:
-        self.w = [0.0] * size
-        self.p = [[scale if i == j else 0.0 for j in range(size)] for i in range(size)]
+    __slots__ = ("w", "p", "forgetting", "scale")
+
+    def __init__(self, forgetting: float, scale: float = 1000.0) -> None:
+        self.w = (0.0, 0.0, 0.0)
+        self.scale = scale
+        self.p = [scale, 0.0, 0.0, 0.0, scale, 0.0, 0.0, 0.0, scale]  # row-major, symmetric
         self.forgetting = forgetting
 
     def predict(self, x: Features) -> float:
-        return sum(w * v for w, v in zip(self.w, x))
+        w = self.w
+        return w[0] * x[0] + w[1] * x[1] + w[2] * x[2]
 
     def update(self, x: Features, y: float) -> None:
-        p, n = self.p, len(x)
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        gain_denominator = self.forgetting + sum(x[i] * px[i] for i in range(n))
-        gain = [v / gain_denominator for v in px]
+        p, (x0, x1, x2), lam = self.p, x, self.forgetting
+        q0 = p[0] * x0 + p[1] * x1 + p[2] * x2  # P x
+        q1 = p[3] * x0 + p[4] * x1 + p[5] * x2
+        q2 = p[6] * x0 + p[7] * x1 + p[8] * x2
+        d = lam + x0 * q0 + x1 * q1 + x2 * q2
+        g0, g1, g2 = q0 / d, q1 / d, q2 / d  # the gain
         error = y - self.predict(x)
-        self.w = [w + g * error for w, g in zip(self.w, gain)]
-        self.p = [[(p[i][j] - gain[i] * px[j]) / self.forgetting for j in range(n)]
-                  for i in range(n)]
+        w0, w1, w2 = self.w
+        self.w = (w0 + g0 * error, w1 + g1 * error, w2 + g2 * error)
+        p = [(p[0] - g0 * q0) / lam, (p[1] - g0 * q1) / lam, (p[2] - g0 * q2) / lam,
+             (p[3] - g1 * q0) / lam, (p[4] - g1 * q1) / lam, (p[5] - g1 * q2) / lam,
+             (p[6] - g2 * q0) / lam, (p[7] - g2 * q1) / lam, (p[8] - g2 * q2) / lam]
+        # Forgetting inflates P along directions the samples do not vary in (a steady load
+        # repeats one x): its trace is kept at most the start's, so it never overflows.
+        trace = p[0] + p[4] + p[8]
+        if trace > 3 * self.scale:
+            p = [v * 3 * self.scale / trace for v in p]
+        self.p = p
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +73,8 @@ class Prediction:
 
 class LatencyModel:
     def __init__(self, forgetting: float = 0.995, min_samples: int = 20) -> None:
-        self._ttft = _LeastSquares(3, forgetting)
-        self._tpot = _LeastSquares(3, forgetting)
+        self._ttft = _LeastSquares(forgetting)
+        self._tpot = _LeastSquares(forgetting)
         self.ttft_samples = self.tpot_samples = 0
         self.min_samples = min_samples
 

@@ -47,3 +47,15 @@ def test_it_follows_an_engine_that_slows_down() -> None:
     train(model, 300, rng)
     train(model, 1500, rng, slow=2.0)
     assert errors(model, rng, slow=2.0)[180] < 0.1
+
+
+def test_a_steady_load_for_a_long_time_does_not_wind_the_model_up() -> None:
+    """The same features again and again (a steady load) inflate plain RLS with forgetting
+    until it overflows; the model stays finite and still learns a change afterwards."""
+    model, rng = LatencyModel(), random.Random(3)
+    x = model.predict(ReplicaLoad(0, 2, 100), 100).features
+    for _ in range(200_000):
+        model.observe(x, 0.05, 0.01)
+    assert abs(model.predict(ReplicaLoad(0, 2, 100), 100).ttft - 0.05) < 1e-3
+    train(model, 2000, rng)
+    assert errors(model, rng)[180] < 0.05
