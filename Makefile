@@ -10,13 +10,11 @@ demo:
 	$(PYTHON) -m gateway demo
 
 # First ruff check (pyflakes; pyproject.toml [tool.ruff]), then one pytest worker per core,
-# each taking whole files (a file's fixtures start its servers once), in the order collected
-# (tests/conftest.py: the longest tiers first; xdist would otherwise put the files with the
-# most tests first, and the real engines' few-test modules last).
+# each taking whole files (a file's fixtures start its servers once).
 # ARGS: extra pytest arguments, e.g. make test ARGS='tests/e2e/test_docker.py -x';
 # WORKERS=0 runs in one process.
 WORKERS ?= auto
 test:
 	@PYTHON=$(PYTHON) scripts/setup.sh test
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PYTHON) -m pytest -q -n $(WORKERS) --dist loadfile $(ARGS)
