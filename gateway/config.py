@@ -99,6 +99,10 @@ class ObjectiveConfig(_Strict):
     ttft_ms: float | None = Field(None, gt=0, description="time to first token wanted")
     tpot_ms: float | None = Field(None, gt=0, description="time per output token wanted")
 
+    def set_or_none(self) -> "ObjectiveConfig | None":
+        """Itself, or None when nothing is set (requests then skip resolving it)."""
+        return None if self == ObjectiveConfig() else self
+
 
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)

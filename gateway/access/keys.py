@@ -58,7 +58,7 @@ class ApiKey:
         return cls(config.name, config.sha256.lower(),
                    frozenset(config.models) if config.models is not None else None,
                    config.weight, config.limits, source, created_at or time.time(),
-                   config.objective if config.objective != ObjectiveConfig() else None,
+                   config.objective.set_or_none(),
                    config.max_priority)
 
 

@@ -103,7 +103,7 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens, config.output_past_window == "cap",
                        tuple(config.aliases), config.discover_names, dict(config.load_adapters),
-                       config.objective if config.objective != ObjectiveConfig() else None)
+                       config.objective.set_or_none())
 
 
 def build_models(settings: Settings) -> dict[str, ServedModel]:
