@@ -65,8 +65,18 @@ def test_a_saturated_engine_holds_requests_at_the_gateway_in_priority_order(
     seen: dict[str, float] = {}
     statuses: dict[str, int] = {}
     fill = [in_background(gateway, {}, 100, seen, f"fill{i}", statuses) for i in range(4)]
-    # Two run in the engine, two wait there: after a scrape the replica is saturated.
-    wait_until(lambda: engine_waiting(replica) == 2, 20, "the engine's queue to fill")
+    # Two run in the engine and two wait: in the engine, or, once a scrape showed the engine's
+    # queue (a busy machine can send the last one after it), at the gateway already.
+    def held_at_gateway() -> float:
+        return by_label(gateway, "llm_gateway_waiting_requests", "priority").get("0", 0.0)
+
+    def fill_placed() -> bool:
+        engine = httpx.get(replica + "/sim/state", timeout=5).json()
+        return engine["running"] == 2 and engine["waiting"] >= 1 and \
+            engine["running"] + engine["waiting"] + held_at_gateway() == 4
+
+    wait_until(fill_placed, 20, "the engine's queue to fill")
+    held_fill = held_at_gateway()
     time.sleep(0.3)
     shed = httpx.post(gateway + "/v1/completions", headers={"x-gateway-priority": "-1"},
                       json={"model": MODEL, "prompt": "an evaluation", "max_tokens": 4},
@@ -75,8 +85,8 @@ def test_a_saturated_engine_holds_requests_at_the_gateway_in_priority_order(
     assert shed.json()["error"]["code"] == "shed" and shed.json()["error"]["type"] == \
         "rate_limit_error"
     batch = in_background(gateway, {"x-gateway-priority": "0"}, 8, seen, "batch", statuses)
-    wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority").get("0")
-               == 1, 10, "the batch request to wait at the gateway")
+    wait_until(lambda: held_at_gateway() == held_fill + 1, 10,
+               "the batch request to wait at the gateway")
     chat = in_background(gateway, {"x-gateway-priority": "1", "x-slo-ttft-ms": "60000"}, 8,
                          seen, "chat", statuses)
     wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority").get("1")
