@@ -308,16 +308,21 @@ class GatewayApp:
         await self.api(scope, receive, send)
 
 
-def create_app(settings: Settings) -> GatewayApp:
+def create_app(settings: Settings,
+               beside: Callable[[Gateway], contextlib.AbstractAsyncContextManager] | None = None
+               ) -> GatewayApp:
+    """``beside``: another edge run on the same gateway while it serves (the endpoint
+    picker's gRPC server, ``gateway.epp``), entered once the gateway has started."""
     gateway = Gateway(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
         _drain_on_sigterm(gateway)
-        _freeze_startup_heap()
         try:
-            yield
+            async with beside(gateway) if beside is not None else contextlib.nullcontext():
+                _freeze_startup_heap()
+                yield
         finally:
             gateway.draining = True
             await gateway.stop()

@@ -1,4 +1,4 @@
-"""The ``llm-gateway`` command: serve | demo | sim | bench | keys | canary.
+"""The ``llm-gateway`` command: serve | epp | demo | sim | bench | keys | canary.
 
 Each subcommand's module owns its arguments (``add_arguments(parser)``) and its work
 (``run(args)``); this file only wires them together, importing lazily so ``--help`` is fast.
@@ -13,6 +13,8 @@ import sys
 SUBCOMMANDS = {
     "serve": ("gateway.serve", "run the gateway from a config file"),
     "demo": ("gateway.sim.demo", "simulated GPU replicas + the gateway on embedded defaults (no GPU, no Redis)"),
+    "epp": ("gateway.epp.cli", "the gateway as an Endpoint Picker for Envoy (ext_proc gRPC, "
+            "Gateway API Inference Extension)"),
     "sim": ("gateway.sim.cli", "one simulated engine replica (vllm, tgi, sglang or llamacpp dialect)"),
     "bench": ("gateway.bench.cli", "load-test an OpenAI or TGI endpoint (the gateway or an engine)"),
     "keys": ("gateway.access.cli", "make API key secrets and their sha256 for `auth.keys`"),

@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -39,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["critical", "error", "warning", "info", "debug"])
 
 
+def uvicorn_options(host: str, port: int, log_level: str) -> dict[str, Any]:
+    # No proxy-headers middleware: the gateway never reads the client's address, and every
+    # layer on the request path costs CPU per request.
+    return dict(host=host, port=port, log_level=log_level, access_log=False, loop="uvloop",
+                http="httptools", timeout_graceful_shutdown=30, proxy_headers=False)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -49,11 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
-    # No proxy-headers middleware: the gateway never reads the client's address, and every
-    # layer on the request path costs CPU per request.
-    common = dict(host=host, port=port, log_level=args.log_level, access_log=False,
-                  loop="uvloop", http="httptools", timeout_graceful_shutdown=30,
-                  proxy_headers=False)
+    common = uvicorn_options(host, port, args.log_level)
     if args.workers > 1:
         if settings.redis_url is None:
             log.warning("%d workers without redis_url: each worker balances on its own view of "

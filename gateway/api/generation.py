@@ -9,105 +9,34 @@ not), which closes the upstream request so the engine aborts the sequence.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
-from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
+from gateway.api.intake import Gate, Headers, HeadersTooLarge, admit, new_request_id, read_headers
 from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
-from gateway.flow.objective import (NO_HEADERS, PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER,
-                                    TTFT_HEADER, ObjectiveHeaders, resolve)
-from gateway.protocol.errors import Api, Draining, GatewayError, InvalidRequest
-from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
-                                     GenerationRequest)
+from gateway.protocol.errors import Api, GatewayError
+from gateway.protocol.request import GenerationRequest
 
 if TYPE_CHECKING:
-    from gateway.access.control import AccessControl
     from gateway.config import Settings
-    from gateway.dataplane.admission import Admitter
     from gateway.dataplane.attempts import Attempts
     from gateway.dataplane.reply import Reply
 
 
-class Serving(Protocol):
+class Serving(Gate):
     """What the endpoints need of the gateway (``gateway.app.Gateway``)."""
 
     settings: "Settings"
-    admitter: "Admitter"
-    access: "AccessControl"
     attempts: "Attempts"
     outcomes: Outcomes
-    draining: bool
     active_requests: int
 
 
 Scope = dict
 Receive = Callable
 Send = Callable
-
-MAX_HEADER_BYTES = 64 * 1024
-
-
-def new_request_id() -> str:
-    """32 random hex digits (uuid4's shape; a quarter of its cost, paid per request)."""
-    return os.urandom(16).hex()
-
-
-class HeadersTooLarge(InvalidRequest):
-    status = 431
-    reason = "headers_too_large"
-
-
-class Headers(NamedTuple):
-    """What the edge reads of a request's headers, in one pass."""
-
-    request_id: str  # the client's ``x-request-id``, or a new one
-    session: str | None  # ``x-session-id``
-    pool: str | None  # ``x-gateway-pool`` (forced pool)
-    authorization: bytes | None
-    traceparent: bytes | None  # W3C trace context, for tracing and the access log
-    tracestate: bytes | None
-    objective: ObjectiveHeaders = NO_HEADERS  # x-gateway-priority, x-slo-*
-
-
-_OBJECTIVE_HEADERS = {PRIORITY_HEADER: 0, TTFT_HEADER: 1, TPOT_HEADER: 2, STRICT_HEADER: 3}
-
-
-def read_headers(scope: Scope) -> Headers:
-    """One pass over the headers; raises if the header block is too big.
-
-    uvicorn's httptools parser sets no limit of its own, so the check is made here, where
-    the request is refused before anything is read or reserved.
-    """
-    request_id = session = pool = authorization = traceparent = tracestate = None
-    objective: list[bytes | None] | None = None
-    size = 0
-    for key, value in scope["headers"]:
-        size += len(key) + len(value)
-        if key == b"x-request-id" and 0 < len(value) <= 128:
-            # Sent on to the replica as is: printable ASCII only (no header injection).
-            text = value.decode("latin-1")
-            request_id = text if text.isascii() and text.isprintable() else None
-        elif key == SESSION_HEADER and 0 < len(value) <= MAX_SESSION_CHARS:
-            session = value.decode("latin-1")
-        elif key == POOL_HEADER and value:  # too long names no pool: a 400 then
-            pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
-        elif key == b"authorization":
-            authorization = value
-        elif key == b"traceparent":
-            traceparent = value
-        elif key == b"tracestate":
-            tracestate = value
-        elif key in _OBJECTIVE_HEADERS:
-            objective = objective or [None] * 4
-            objective[_OBJECTIVE_HEADERS[key]] = value
-    if size > MAX_HEADER_BYTES:
-        raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
-    return Headers(request_id or new_request_id(), session, pool, authorization, traceparent,
-                   tracestate, NO_HEADERS if objective is None else ObjectiveHeaders(*objective))
-
 
 JSON = (b"content-type", b"application/json")
 
@@ -159,48 +88,25 @@ class GenerationEndpoint:
                      send: Send) -> None:
         gateway = self.gateway
         request_id = record.request_id
-        request: GenerationRequest | None = None
         try:
-            if gateway.draining:
-                raise Draining()
-            # Before the body: 401 early.
-            key = gateway.access.authenticate(headers.authorization)
-            if key is not None:
-                record.key = key.name
-            body = await read_body(receive, gateway.settings.client_body_timeout)
-            request = record.request = self.parse(body)
-            caller = key.caller if key is not None else None
-            context = (Context(headers.session, headers.pool, caller)
-                       if headers.session or headers.pool or caller else NO_CONTEXT)
-            preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
-            if preparing is None:                          # Response's replica, a long count
-                model, admission = gateway.admitter.admit(request, context)
-            else:
-                model, admission = gateway.admitter.admit(request, context, await preparing)
-            record.model = model.name
-            if headers.objective is not NO_HEADERS or model.objective is not None or \
-                    key is not None:  # priority and latency objectives (gateway.flow)
-                context = context._replace(objective=resolve(
-                    headers.objective, key.objective if key is not None else None,
-                    key.priority_ceiling if key is not None else None, model.objective))
-            # The key's allowlist and limits; the grant is settled below, however it ends.
-            grant = await gateway.access.admit(key, model.name,
-                                               admission.cost.prompt_tokens,
-                                               admission.cost.output_tokens)
-            record.admitted_at = time.perf_counter()
+            admitted = await admit(gateway, headers,
+                                   lambda: read_body(receive, gateway.settings.client_body_timeout),
+                                   self.parse, record)
         except GatewayError as error:
             await self._reject(send, error, record)
             return
         except asyncio.CancelledError:
             record.client_left, record.status = True, 499
             return  # the client left before sending its whole body
+        request, context, model, grant = (admitted.request, admitted.context, admitted.model,
+                                          admitted.grant)
         reply: "Reply | None" = None
         watch = cancel_on_disconnect(receive)
         try:
             async with watch:
                 try:
-                    reply = await gateway.attempts.serve(request, context, model, admission,
-                                                         record)
+                    reply = await gateway.attempts.serve(request, context, model,
+                                                         admitted.admission, record)
                 except GatewayError as error:
                     if error.reason in _GATEWAY_REASONS:
                         record.refusal = Refusal(error.reason, model.name, request.api)

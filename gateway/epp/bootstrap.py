@@ -1,0 +1,135 @@
+"""Envoy's bootstrap for running in front of the picker locally: one listener whose
+ext_proc filter asks the picker, and one cluster of the replicas whose ``override_host``
+load balancing follows the pick (``x-gateway-destination-endpoint`` in the ``envoy.lb``
+metadata, fallbacks included) and retries down its list when an endpoint fails before
+answering. On Kubernetes the Gateway implementation writes the equivalent from the
+InferencePool (deploy/kubernetes/epp/).
+
+``deploy/envoy/envoy.yaml`` is this for the demo's replicas (``llm-gateway epp
+--envoy-bootstrap``); a test keeps them the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gateway.epp import wire
+
+# Long streams: no route timeout, only an idle one (a stream that sends nothing that long).
+STREAM_IDLE_SECONDS = 300
+# Placement may queue the request (backpressure.queue_timeout): the picker's answer may
+# take that long.
+MESSAGE_TIMEOUT_SECONDS = 60
+
+
+def bootstrap(endpoints: list[str], listen_port: int, picker: str, admin_port: int,
+              retries: int = 2) -> dict[str, Any]:
+    """The bootstrap as a dict: replicas ``endpoints`` ("ip:port"), the picker's gRPC
+    address ``picker`` ("ip:port"), Envoy listening on ``listen_port``."""
+    picker_host, picker_port = picker.rsplit(":", 1)
+    return {
+        "admin": {"address": _address("127.0.0.1", admin_port)},
+        "static_resources": {
+            "listeners": [{
+                "name": "inference",
+                "address": _address("0.0.0.0", listen_port),
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                 "http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "inference",
+                        "stream_idle_timeout": f"{STREAM_IDLE_SECONDS}s",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "replicas", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"}, "route": {
+                                "cluster": "replicas", "timeout": "0s",
+                                "retry_policy": {
+                                    # Only failures before the replica answered: nothing
+                                    # reached the client, so another replica may take it.
+                                    "retry_on": "connect-failure,refused-stream,reset-before-request",
+                                    "num_retries": retries}}}]}]},
+                        "http_filters": [_ext_proc(), {
+                            "name": "envoy.filters.http.router",
+                            "typed_config": {"@type": "type.googleapis.com/envoy.extensions."
+                                                      "filters.http.router.v3.Router"}}],
+                    }}]}],
+            }],
+            "clusters": [_replicas(endpoints), {
+                "name": "picker",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                                 "HttpProtocolOptions",
+                        "explicit_http_config": {"http2_protocol_options": {}}}},
+                "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": _address(picker_host, int(picker_port))}}]}]},
+            }],
+        },
+    }
+
+
+def _ext_proc() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
+                     "ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
+            "failure_mode_allow": False,  # no pick, no request: never an unplaced one
+            "message_timeout": f"{MESSAGE_TIMEOUT_SECONDS}s",
+            # The request body comes whole to the picker and goes back (it may cap it).
+            # The response body never passes by default, so no token event of a stream
+            # goes through the picker; for a whole answer the picker asks for it at the
+            # response headers (a mode override to BUFFERED), to read its usage. (Envoy does
+            # not allow a FULL_DUPLEX_STREAMED body to be switched off midway.)
+            "processing_mode": {
+                "request_header_mode": "SEND", "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "NONE",
+                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"},
+            "allow_mode_override": True,
+            # Where the request was served (a retry may have gone to a fallback).
+            "response_attributes": [wire.UPSTREAM_ADDRESS],
+        },
+    }
+
+
+def _replicas(endpoints: list[str]) -> dict[str, Any]:
+    metadata_key = {"key": wire.NAMESPACE, "path": [{"key": wire.DESTINATION}]}
+    return {
+        "name": "replicas",
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _address(*_split(e))}} for e in endpoints]}]},
+        "load_balancing_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
+                         "override_host.v3.OverrideHost",
+                "override_host_sources": [{"metadata": metadata_key},
+                                          {"header": wire.DESTINATION}],
+                "fallback_policy": {"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.least_request",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions."
+                                              "load_balancing_policies.least_request.v3."
+                                              "LeastRequest"}}}]},
+            }}}]},
+    }
+
+
+def _split(endpoint: str) -> tuple[str, int]:
+    host, port = endpoint.rsplit(":", 1)
+    return host, int(port)
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def render(endpoints: list[str], listen_port: int, picker: str, admin_port: int) -> str:
+    return yaml.safe_dump(bootstrap(endpoints, listen_port, picker, admin_port),
+                          sort_keys=False, width=100)

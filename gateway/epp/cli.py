@@ -1,0 +1,68 @@
+"""Run the gateway as an Endpoint Picker (EPP) for Envoy: an ext_proc gRPC server that admits
+and places each request with the gateway's own parts (keys and limits, the window check,
+the balancing policy and ledger, flow control, canary splits), while Envoy relays the bytes.
+
+The config file is the gateway's (docs/index.md); its replicas are the endpoints picked
+(their URLs must be ip:port, as Envoy dials them). The HTTP port serves /metrics, /health,
+/ready and the admin API as the gateway does. With redis_url, several pickers share one
+view of load and one set of key limits. Envoy's side: deploy/envoy/envoy.yaml; Kubernetes
+(InferencePool): deploy/kubernetes/epp/. docs/envoy-epp.md says what the picker does and
+does not do (no TGI translation, no stream fixes, no shadow copies).
+
+Example:
+  llm-gateway epp --config gateway.yaml --grpc-port 9002 --port 9090
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from typing import AsyncIterator
+
+import uvicorn
+
+from gateway.app import Gateway, create_app
+from gateway.config import ConfigError, load_settings
+from gateway.serve import uvicorn_options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (docs/index.md); env GATEWAY_* overrides")
+    parser.add_argument("--host", help="listen address of both ports (default: config `host`)")
+    parser.add_argument("--grpc-port", type=int, default=9002,
+                        help="ext_proc gRPC port Envoy calls (default 9002, GIE's)")
+    parser.add_argument("--port", type=int, default=9090,
+                        help="HTTP port: /metrics, /health, /ready, admin API (default 9090)")
+    parser.add_argument("--fallbacks", type=int, default=2,
+                        help="endpoints named after the pick, for Envoy's retries (default 2)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"llm-gateway: {exc}", file=sys.stderr)
+        return 2
+    from gateway.epp.server import EppServer  # grpc: loaded only by this command
+
+    host = args.host or settings.host
+
+    @contextlib.asynccontextmanager
+    async def picker(gateway: Gateway) -> AsyncIterator[None]:
+        server = EppServer(gateway, host, args.grpc_port, args.fallbacks)
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop(settings.drain_timeout)
+
+    # grpc's asyncio server runs on the standard event loop (not uvloop).
+    options = {**uvicorn_options(host, args.port, args.log_level), "loop": "asyncio"}
+    uvicorn.run(create_app(settings, beside=picker), **options)
+    return 0

@@ -1,0 +1,81 @@
+"""The EPP's gRPC server: Envoy's ``ExternalProcessor`` service (one ``Exchange`` per
+stream) and the gRPC health services the protocol names (``liveness``, ``readiness``, the
+ext_proc service itself), run inside a gateway process beside its HTTP port (metrics,
+health, admin API)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from gateway.epp import wire
+from gateway.epp.exchange import Exchange, Parser
+from gateway.protocol import openai as openai_protocol
+from gateway.protocol import pooling, responses
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.epp")
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_SERVICES = ("", "liveness", "readiness", SERVICE)
+
+# The OpenAI routes the picker admits (TGI's need translation: the HTTP gateway's work).
+PARSERS: dict[str, Parser] = {
+    "/v1/completions": openai_protocol.parse_completion,
+    "/v1/chat/completions": openai_protocol.parse_chat,
+    responses.PATH: responses.parse_responses,
+    **pooling.PARSERS,
+}
+
+
+class ExternalProcessor(ext_proc_grpc.ExternalProcessorServicer):
+    def __init__(self, gateway: "Gateway", fallbacks: int) -> None:
+        self.gateway = gateway
+        self.fallbacks = fallbacks
+
+    async def Process(self, messages: AsyncIterator[wire.ProcessingRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[wire.ProcessingResponse]:
+        exchange = Exchange(self.gateway, PARSERS, self.fallbacks)
+        try:
+            async for message in messages:
+                for answer in await exchange.on(message):
+                    yield answer
+        finally:
+            exchange.close()  # however the stream ended: Envoy done, reset, or cancelled
+
+
+class EppServer:
+    """``start`` listens on ``host:port``; ``stop`` drains the streams (up to ``grace``)."""
+
+    def __init__(self, gateway: "Gateway", host: str, port: int, fallbacks: int = 2) -> None:
+        self.gateway = gateway
+        self.address = f"{host}:{port}"
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server()
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessor(gateway, fallbacks), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(self.address)
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.serving(True)
+        log.info("endpoint picker (ext_proc) listening on %s", self.address)
+
+    async def serving(self, ready: bool) -> None:
+        """Liveness is always SERVING; readiness and the ext_proc service follow ``ready``
+        (a draining picker stops being picked)."""
+        status = health_pb2.HealthCheckResponse
+        await self.health.set("liveness", status.SERVING)
+        for name in ("", "readiness", SERVICE):
+            await self.health.set(name, status.SERVING if ready else status.NOT_SERVING)
+
+    async def stop(self, grace: float) -> None:
+        await self.serving(False)
+        await self.server.stop(grace)

@@ -1,0 +1,130 @@
+"""The Endpoint Picker protocol's messages on Envoy's ext_proc stream (the Gateway API
+Inference Extension's ``docs/proposals/004-endpoint-picker-protocol``): what Envoy sends
+(headers, body chunks, the subset hint, the endpoint that served) read, and what the EPP
+answers (the pick as a header and ``envoy.lb`` dynamic metadata, the body, an immediate
+error reply, a mode override) built. No decisions here: ``gateway.epp.exchange`` makes them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as modes
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from google.protobuf import struct_pb2
+
+DESTINATION = "x-gateway-destination-endpoint"  # header and metadata key: "ip:port[,ip:port]"
+NAMESPACE = "envoy.lb"  # the dynamic metadata namespace of the pick and of the served report
+SERVED = "x-gateway-destination-endpoint-served"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET = "x-gateway-destination-endpoint-subset"
+# Without the served report (plain Envoy does not write it), the attribute Envoy can send
+# with the response headers (the ext_proc filter's ``response_attributes``).
+UPSTREAM_ADDRESS = "upstream.address"
+ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
+CHUNK_BYTES = 64 * 1024  # the largest body piece sent back (ext_proc's recommendation)
+
+ProcessingRequest = ext_proc.ProcessingRequest
+ProcessingResponse = ext_proc.ProcessingResponse
+
+
+def header_list(headers: core.HeaderMap) -> list[tuple[bytes, bytes]]:
+    """Envoy's headers as the (lower-cased name, value) byte pairs of an ASGI scope: the
+    edge's own header reader (``gateway.api.intake.read_headers``) reads them."""
+    return [(h.key.encode("latin-1"), h.raw_value or h.value.encode("latin-1"))
+            for h in headers.headers]
+
+
+def _endpoints(value: struct_pb2.Value) -> Iterator[str]:
+    """Endpoints in a metadata value: "a,b" or a list of such strings."""
+    kind = value.WhichOneof("kind")
+    items = ([value.string_value] if kind == "string_value"
+             else [v.string_value for v in value.list_value.values] if kind == "list_value"
+             else [])
+    for item in items:
+        for endpoint in item.split(","):
+            if endpoint.strip():
+                yield endpoint.strip()
+
+
+def subset_of(message: ProcessingRequest) -> frozenset[str] | None:
+    """The endpoints the proxy allows for this request (the subset hint), or None: all."""
+    namespace = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET not in namespace.fields:
+        return None
+    return frozenset(_endpoints(namespace.fields[SUBSET]))
+
+
+def served_of(message: ProcessingRequest) -> str | None:
+    """The endpoint that answered, as the proxy reports it (served metadata, else the
+    upstream address attribute)."""
+    namespace = message.metadata_context.filter_metadata.get(NAMESPACE)
+    if namespace is not None and SERVED in namespace.fields:
+        return next(_endpoints(namespace.fields[SERVED]), None)
+    attributes = message.attributes.get(ATTRIBUTES_KEY)
+    if attributes is not None and UPSTREAM_ADDRESS in attributes.fields:
+        return attributes.fields[UPSTREAM_ADDRESS].string_value or None
+    return None
+
+
+def status_of(headers: core.HeaderMap) -> int:
+    """A response's ``:status`` (0 when absent or not a number)."""
+    for h in headers.headers:
+        if h.key == ":status":
+            value = h.raw_value or h.value.encode()
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def pick(endpoints: list[str], body_follows: bool) -> ProcessingResponse:
+    """The answer to the request headers: the endpoints Envoy is to try, in order, as the
+    header and the ``envoy.lb`` metadata (the protocol asks for both, with one value).
+    With ``body_follows`` the body is sent back next (full-duplex streamed bodies)."""
+    value = ",".join(endpoints)
+    metadata = struct_pb2.Struct()
+    metadata.fields[NAMESPACE].struct_value.fields[DESTINATION].string_value = value
+    mutation = ext_proc.HeaderMutation(set_headers=[core.HeaderValueOption(
+        header=core.HeaderValue(key=DESTINATION, raw_value=value.encode()),
+        append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)])
+    # A changed body has a new length: Envoy sends it chunked.
+    if body_follows:
+        mutation.remove_headers.append("content-length")
+    return ProcessingResponse(
+        request_headers=ext_proc.HeadersResponse(response=ext_proc.CommonResponse(
+            header_mutation=mutation, clear_route_cache=True)),
+        dynamic_metadata=metadata)
+
+
+def request_body(body: bytes) -> list[ProcessingResponse]:
+    """The request body sent back to Envoy (to go upstream), in pieces."""
+    pieces = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
+    return [ProcessingResponse(request_body=ext_proc.BodyResponse(response=ext_proc.CommonResponse(
+        body_mutation=ext_proc.BodyMutation(streamed_response=ext_proc.StreamedBodyResponse(
+            body=piece, end_of_stream=i == len(pieces) - 1)))))
+        for i, piece in enumerate(pieces)]
+
+
+def response_headers(read_body: bool) -> ProcessingResponse:
+    """The answer to the response headers: nothing changed; with ``read_body`` Envoy sends
+    the answer next (buffered, up to its buffer limit: an answer larger than that is not
+    read for usage), else nothing more of the response comes here."""
+    response = ProcessingResponse(response_headers=ext_proc.HeadersResponse())
+    if read_body:
+        response.mode_override.response_body_mode = modes.ProcessingMode.BUFFERED_PARTIAL
+    return response
+
+
+def response_body() -> ProcessingResponse:
+    """The whole answer read: it goes on to the client unchanged."""
+    return ProcessingResponse(response_body=ext_proc.BodyResponse())
+
+
+def immediate(status: int, headers: list[tuple[str, str]], body: bytes) -> ProcessingResponse:
+    """A reply Envoy sends the client itself (the request goes nowhere)."""
+    return ProcessingResponse(immediate_response=ext_proc.ImmediateResponse(
+        status={"code": status}, body=body,
+        headers=ext_proc.HeaderMutation(set_headers=[
+            core.HeaderValueOption(header=core.HeaderValue(key=k, raw_value=v.encode()),
+                                   append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+            for k, v in headers])))
