@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway.api.client_connection import MAX_BODY_BYTES
 from gateway.epp import wire
 
 # Long streams: no route timeout, only an idle one (a stream that sends nothing that long).
@@ -23,17 +24,19 @@ STREAM_IDLE_SECONDS = 300
 MESSAGE_TIMEOUT_SECONDS = 60
 
 
-def bootstrap(endpoints: list[str], listen_port: int, picker: str, admin_port: int,
+def bootstrap(endpoints: list[str], listen_port: int, pickers: list[str], admin_port: int,
               retries: int = 2) -> dict[str, Any]:
-    """The bootstrap as a dict: replicas ``endpoints`` ("ip:port"), the picker's gRPC
-    address ``picker`` ("ip:port"), Envoy listening on ``listen_port``."""
-    picker_host, picker_port = picker.rsplit(":", 1)
+    """The bootstrap as a dict: replicas ``endpoints`` ("ip:port"), the pickers' gRPC
+    addresses (each request's ext_proc stream goes to one of them, round robin), Envoy
+    listening on ``listen_port``, its admin interface (stats) on loopback ``admin_port``."""
     return {
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "static_resources": {
             "listeners": [{
                 "name": "inference",
                 "address": _address("0.0.0.0", listen_port),
+                # A request body is buffered whole for the picker: up to the gateway's limit.
+                "per_connection_buffer_limit_bytes": MAX_BODY_BYTES,
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {
@@ -66,7 +69,7 @@ def bootstrap(endpoints: list[str], listen_port: int, picker: str, admin_port: i
                                  "HttpProtocolOptions",
                         "explicit_http_config": {"http2_protocol_options": {}}}},
                 "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": _address(picker_host, int(picker_port))}}]}]},
+                    {"endpoint": {"address": _address(*_split(p))}} for p in pickers]}]},
             }],
         },
     }
@@ -81,15 +84,19 @@ def _ext_proc() -> dict[str, Any]:
             "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
             "failure_mode_allow": False,  # no pick, no request: never an unplaced one
             "message_timeout": f"{MESSAGE_TIMEOUT_SECONDS}s",
-            # The request body comes whole to the picker and goes back (it may cap it).
-            # The response body never passes by default, so no token event of a stream
-            # goes through the picker; for a whole answer the picker asks for it at the
-            # response headers (a mode override to BUFFERED), to read its usage. (Envoy does
-            # not allow a FULL_DUPLEX_STREAMED body to be switched off midway.)
+            # The request body comes whole to the picker (its headers held meanwhile), and
+            # goes on as it came unless the picker caps it. The response body does not come
+            # by default: no event of a stream passes through the picker. For a whole
+            # answer or an engine's error, the picker asks for it at the response headers
+            # (a mode override, which Envoy refuses when the request body is full-duplex
+            # streamed: GIE's mode). Response trailers SEND keeps the ext_proc stream open
+            # to the response's end, where the picker releases the reservation.
             "processing_mode": {
                 "request_header_mode": "SEND", "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "NONE",
+                "request_body_mode": "BUFFERED", "response_body_mode": "NONE",
                 "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"},
+            # The pick's metadata is taken into the request's (the load balancer reads it).
+            "metadata_options": {"receiving_namespaces": {"untyped": [wire.NAMESPACE]}},
             "allow_mode_override": True,
             # Where the request was served (a retry may have gone to a fallback).
             "response_attributes": [wire.UPSTREAM_ADDRESS],
@@ -130,6 +137,7 @@ def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def render(endpoints: list[str], listen_port: int, picker: str, admin_port: int) -> str:
-    return yaml.safe_dump(bootstrap(endpoints, listen_port, picker, admin_port),
+def render(endpoints: list[str], listen_port: int, pickers: list[str], admin_port: int) -> str:
+    text = yaml.safe_dump(bootstrap(endpoints, listen_port, pickers, admin_port),
                           sort_keys=False, width=100)
+    return "# Envoy in front of the endpoint picker: llm-gateway epp --envoy-bootstrap\n" + text

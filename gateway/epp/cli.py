@@ -25,6 +25,10 @@ import uvicorn
 
 from gateway.app import Gateway, create_app
 from gateway.config import ConfigError, load_settings
+from gateway.epp.bootstrap import render
+from gateway.epp.exchange import endpoint_of
+from gateway.fleet.membership import Fleet
+from gateway.fleet.model import build_models
 from gateway.serve import uvicorn_options
 
 
@@ -37,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HTTP port: /metrics, /health, /ready, admin API (default 9090)")
     parser.add_argument("--fallbacks", type=int, default=2,
                         help="endpoints named after the pick, for Envoy's retries (default 2)")
+    parser.add_argument("--envoy-bootstrap", action="store_true",
+                        help="print a bootstrap for Envoy in front of this config's replicas and "
+                             "this picker, then exit (deploy/envoy/envoy.yaml is the demo's)")
+    parser.add_argument("--envoy-port", type=int, default=8081,
+                        help="with --envoy-bootstrap: Envoy's listener port (default 8081)")
+    parser.add_argument("--envoy-admin-port", type=int, default=9901,
+                        help="with --envoy-bootstrap: Envoy's admin port, on loopback "
+                             "(default 9901)")
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
 
@@ -49,9 +61,18 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"llm-gateway: {exc}", file=sys.stderr)
         return 2
-    from gateway.epp.server import EppServer  # grpc: loaded only by this command
-
     host = args.host or settings.host
+    if args.envoy_bootstrap:
+        endpoints = [endpoint_of(r) for r in Fleet(build_models(settings)).replicas]
+        if not endpoints:
+            print("llm-gateway: no replica with a url or host in the config (dns: entries "
+                  "resolve at run time: list the endpoints in Envoy's cluster yourself)",
+                  file=sys.stderr)
+            return 2
+        picker = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.grpc_port}"
+        print(render(endpoints, args.envoy_port, [picker], args.envoy_admin_port), end="")
+        return 0
+    from gateway.epp.server import EppServer  # grpc: loaded only by this command
 
     @contextlib.asynccontextmanager
     async def picker(gateway: Gateway) -> AsyncIterator[None]:

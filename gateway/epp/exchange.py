@@ -1,16 +1,26 @@
 """One request's conversation with Envoy on one ext_proc stream, in the Endpoint Picker's
 role: the gateway's own admission and placement pick the replica, Envoy moves the bytes.
 
-- Request headers, then the body (full-duplex streamed, gathered whole): the edge's checks
+- Request headers, then the body (gathered whole): the edge's checks
   (``gateway.api.intake.admit``: key, window, limits, objective), then the placement
   (``Placer.place``: policy, ledger, fair queue, flow control). The pick goes back as the
-  destination header and metadata, with fallbacks, then the body. A refusal is an immediate
+  destination header and ``envoy.lb`` metadata, with fallbacks. A refusal is an immediate
   reply in the client's error shape, exactly the HTTP gateway's.
 - Response headers: the endpoint that served (Envoy may have retried on a fallback: the
-  reservation moves there) and the status. A stream's body is then switched off, so no
-  token event passes through Python; a whole answer's body is read for its usage.
+  reservation moves there), the status, the key's x-ratelimit-* headers added.
 - The end of the ext_proc stream (Envoy closes it when the HTTP request ends, however it
   ends): the reservation is released and the key's grant settled (``close``).
+
+Envoy's body modes, as its filter is configured (the first message says which):
+- request body buffered (deploy/envoy): the headers go on at once, the pick answers the
+  body, which goes on unchanged unless capped. Then a whole answer or an engine's error is
+  asked for at its response headers (a mode override): a whole answer settles the key's
+  limits on its usage, an engine's error is answered in the gateway's shape. A stream's
+  events never reach the picker.
+- request body full-duplex streamed (GIE's mode, what kgateway, Istio and Envoy AI Gateway
+  configure): the pick answers the headers once the body is in, and the body is sent back.
+  Envoy allows no mode override then: the response comes only if the filter sends it (each
+  piece is passed back as it came), and a stream is charged its reservation.
 
 Requests that are not generation requests (``GET /v1/models`` ...) go to any available
 replica, reserving nothing.
@@ -29,8 +39,9 @@ from gateway.api.intake import (Admitted, Headers, HeadersTooLarge, admit, new_r
 from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.outcome import Refusal, RequestRecord
 from gateway.epp import wire
-from gateway.protocol.errors import Api, GatewayError, NoReplicaAvailable
+from gateway.protocol.errors import Api, GatewayError, NoReplicaAvailable, error_from_engine
 from gateway.protocol.request import GenerationRequest
+from gateway.protocol.translate import passes_through
 from gateway.protocol.translate.passthrough import capped_body, usage_of
 from gateway.protocol.usage import Usage
 
@@ -50,24 +61,30 @@ def endpoint_of(replica: "Replica") -> str:
 
 class Exchange:
     """One HTTP request's ext_proc messages in, the EPP's answers out (``on``); ``close``
-    when the stream ends."""
+    when the stream ends, however it ends."""
 
     def __init__(self, gateway: "Gateway", parsers: dict[str, Parser], fallbacks: int) -> None:
         self.gateway = gateway
         self.parsers = parsers
         self.fallbacks = fallbacks
+        self.modes = wire.ext_proc.ProtocolConfiguration()  # the filter's body modes
+        self.parse: Parser | None = None  # None: not a generation request
+        self.read: Headers | None = None  # what the edge read of the request headers
+        self.subset: frozenset[str] | None = None  # the proxy's subset hint
         self.body = bytearray()
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.read: Headers | None = None  # what the edge read of them
-        self.subset: frozenset[str] | None = None
-        self.parse: Parser | None = None
         self.record: RequestRecord | None = None
         self.admitted: Admitted | None = None
         self.placement: "Placement | None" = None
-        self.status = 0
+        self.status = 0  # the response's
+        self.answer = bytearray()  # a whole answer, when its pieces come streamed
         self.usage: Usage | None = None
 
+    @property
+    def buffered(self) -> bool:
+        return self.modes.request_body_mode in (wire.BUFFERED, wire.BUFFERED_PARTIAL)
+
     async def on(self, message: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
+        """The answers to one message from Envoy (none while a body is still coming)."""
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return await self._request_headers(message)
@@ -83,14 +100,16 @@ class Exchange:
             return [wire.ProcessingResponse(response_trailers=wire.ext_proc.TrailersResponse())]
         return []
 
-    async def _request_headers(self, message: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
-        self.headers = wire.header_list(message.request_headers.headers)
+    async def _request_headers(self, message: wire.ProcessingRequest
+                               ) -> list[wire.ProcessingResponse]:
+        self.modes = message.protocol_config
+        headers = wire.header_list(message.request_headers.headers)
         self.subset = wire.subset_of(message)
         method = path = ""
-        for key, value in self.headers:
-            if key == b":method":
+        for name, value in headers:
+            if name == b":method":
                 method = value.decode("latin-1")
-            elif key == b":path":
+            elif name == b":path":
                 path = value.decode("latin-1").split("?", 1)[0]
         self.parse = self.parsers.get(path) if method == "POST" else None
         if self.parse is None:  # nothing to admit or reserve: any replica that is up
@@ -101,55 +120,52 @@ class Exchange:
             return [wire.pick(available[:1 + self.fallbacks], body_follows=False)]
         arrival = time.perf_counter()
         try:
-            headers = read_headers({"headers": self.headers})
-            self.record = RequestRecord(headers.request_id, Api.OPENAI, path, arrival,
-                                        headers.traceparent, headers.tracestate)
+            self.read = read_headers({"headers": headers})
+            self.record = RequestRecord(self.read.request_id, Api.OPENAI, path, arrival,
+                                        self.read.traceparent, self.read.tracestate)
         except HeadersTooLarge as error:
             self.record = RequestRecord(new_request_id(), Api.OPENAI, path, arrival)
             return [self._refuse(error, Api.OPENAI)]
-        self.read = headers
         if self.gateway.outcomes.starts:
             self.gateway.outcomes.request_started(self.record)
         if message.request_headers.end_of_stream:  # no body at all
-            return await self._admit_and_pick()
-        return []
+            return await self._admit_and_pick(b"")
+        return [wire.go_on()] if self.buffered else []
 
-    async def _request_body(self, chunk: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
-        if self.parse is None or self.record is None:
-            # Headers were answered (a pass-through pick): the body goes on as it came.
-            return [wire.ProcessingResponse(request_body=wire.ext_proc.BodyResponse(
-                response=wire.ext_proc.CommonResponse(body_mutation=wire.ext_proc.BodyMutation(
-                    streamed_response=wire.ext_proc.StreamedBodyResponse(
-                        body=chunk.body, end_of_stream=chunk.end_of_stream)))))]
-        if self.record.status:  # refused already: the rest is dropped
+    async def _request_body(self, piece: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
+        if self.record is None:  # not a generation request (answered): the body goes on
+            return [wire.request_body_piece(piece.body, piece.end_of_stream, self.buffered)]
+        if self.record.status:  # refused already: Envoy sends nothing more that counts
             return []
-        self.body += chunk.body
+        self.body += piece.body
         if len(self.body) > MAX_BODY_BYTES:
             return [self._refuse(BodyTooLarge(f"the request body is larger than "
                                               f"{MAX_BODY_BYTES} bytes"), Api.OPENAI)]
-        if not chunk.end_of_stream:
+        if not piece.end_of_stream:
             return []
-        return await self._admit_and_pick()
+        body, self.body = bytes(self.body), bytearray()
+        return await self._admit_and_pick(body)
 
-    async def _admit_and_pick(self) -> list[wire.ProcessingResponse]:
+    async def _admit_and_pick(self, body: bytes) -> list[wire.ProcessingResponse]:
         gateway, record = self.gateway, self.record
         assert record is not None and self.parse is not None and self.read is not None
-        body = bytes(self.body)
-        self.body = bytearray()
 
-        async def read_body() -> bytes:
+        async def whole_body() -> bytes:
             return body
 
         try:
-            self.admitted = admitted = await admit(gateway, self.read, read_body, self.parse,
+            self.admitted = admitted = await admit(gateway, self.read, whole_body, self.parse,
                                                    record)
-            request, admission = admitted.request, admitted.admission
-            if self.subset is not None:  # the proxy's subset hint
-                admission.replicas = [r for r in admission.replicas if self._allowed(r)]
-                if not admission.replicas:
-                    raise NoReplicaAvailable("no replica of the proxy's subset can serve "
-                                             "this request")
-            context = admitted.context
+            request, admission, context = admitted.request, admitted.admission, admitted.context
+            # Envoy sends the body as it is: only replicas that take it so (no translation),
+            # and of those only the proxy's subset, when it sent one.
+            admission.replicas = [r for r in admission.replicas if self._allowed(r)
+                                  and passes_through(request, r.engine, r.version)]
+            if not admission.replicas:
+                raise NoReplicaAvailable("no replica can take this request as it is (the "
+                                         "endpoint picker does not translate)"
+                                         if self.subset is None else
+                                         "no replica of the proxy's subset can serve it")
             self.placement = placement = await gateway.placer.place(
                 admitted.model, admission, key=sticky_key(request, context),
                 caller=context.caller, objective=context.objective, streamed=request.stream)
@@ -161,9 +177,14 @@ class Exchange:
                 "disaggregated (prefill/decode) serving is not done by the endpoint picker"),
                 request.api)]
         endpoints = [endpoint_of(placement.replica), *self._fallbacks(placement)]
-        sent = (body if admission.output_cap is None
-                else orjson.dumps(capped_body(request, admission.output_cap)))
-        return [wire.pick(endpoints, body_follows=True), *wire.request_body(sent)]
+        capped = (None if admission.output_cap is None
+                  else orjson.dumps(capped_body(request, admission.output_cap)))
+        if self.buffered and body:
+            return [wire.pick_with_body(endpoints, capped)]
+        if not body:
+            return [wire.pick(endpoints, body_follows=False)]
+        return [wire.pick(endpoints, body_follows=True),
+                *wire.request_body(body if capped is None else capped)]
 
     def _fallbacks(self, placement: "Placement") -> list[str]:
         """Other replicas that can take the request, least loaded first: where Envoy's retry
@@ -181,14 +202,19 @@ class Exchange:
 
     def _response_headers(self, message: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
         self.status = wire.status_of(message.response_headers.headers)
-        placement = self.placement
-        if placement is None:
-            return [wire.response_headers(read_body=False)]
+        placement, admitted = self.placement, self.admitted
+        if placement is None or admitted is None:  # not a generation request
+            return [wire.response_headers()]
         served = wire.served_of(message)
         if served is not None and served != endpoint_of(placement.replica):
             self._move(served)
-        stream = self.admitted is not None and self.admitted.request.stream
-        return [wire.response_headers(read_body=not stream and self.status < 400)]
+        limits = [(k.decode(), v.decode()) for k, v in admitted.grant.headers]
+        # A whole answer is asked for its usage, an engine's error to answer it in the
+        # gateway's shape; never a stream's events. (Only a buffered request allows it.)
+        wanted = self.status >= 400 or not admitted.request.stream
+        ask = self.buffered and wanted and self.modes.response_body_mode == wire.NONE
+        return [wire.response_headers(limits, read_body_after=self.modes if ask else None,
+                                      replacing=ask and self.status >= 400)]
 
     def _move(self, served: str) -> None:
         """Envoy's retry went to a fallback: the reservation follows it."""
@@ -205,14 +231,33 @@ class Exchange:
         old.close()
         placement.replica, placement.lease = replica, lease
 
-    def _response_body(self, whole: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
-        """A whole answer (buffered by Envoy): its usage settles the key's grant."""
-        if self.admitted is not None and len(whole.body) <= MAX_ANSWER_BYTES:
+    def _response_body(self, piece: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
+        admitted = self.admitted
+        streamed = self.modes.response_body_mode in (wire.FULL_DUPLEX, wire.STREAMED)
+        if streamed:  # the filter sends every piece: each goes back as it came
+            answer = [wire.response_body_piece(piece.body, piece.end_of_stream,
+                                               self.modes.response_body_mode)]
+            if admitted is None or admitted.request.stream or self.status >= 400:
+                return answer
+            if len(self.answer) + len(piece.body) <= MAX_ANSWER_BYTES:
+                self.answer += piece.body
+            if not piece.end_of_stream:
+                return answer
+            whole = bytes(self.answer)
+        else:
+            answer, whole = [wire.response_body()], piece.body
+            if admitted is None:
+                return answer
+            if self.status >= 400:  # one shape whatever the engine (context_length_exceeded)
+                error = error_from_engine(self.status, whole)
+                self.status = error.status_for(admitted.request.api)
+                return [wire.response_body((self.status, error.body(admitted.request.api)))]
+        if len(whole) <= MAX_ANSWER_BYTES:
             try:
-                self.usage = usage_of(orjson.loads(whole.body), self.admitted.request.api)
+                self.usage = usage_of(orjson.loads(whole), admitted.request.api)
             except orjson.JSONDecodeError:
                 self.usage = None
-        return [wire.response_body()]
+        return answer
 
     def _refuse(self, error: GatewayError, api: Api) -> wire.ProcessingResponse:
         """The gateway's own error reply, as the HTTP gateway sends it."""
@@ -237,14 +282,15 @@ class Exchange:
         placement, admitted, record = self.placement, self.admitted, self.record
         usage = None
         if placement is not None:
-            served = 0 < self.status < 400
-            usage = self.usage if self.usage is not None else (Usage() if served else None)
+            answered = 0 < self.status < 400
+            # An answer whose usage was not read is charged its reservation.
+            usage = self.usage if self.usage is not None else (Usage() if answered else None)
             if self.usage is not None:
                 placement.served(self.usage.completion_tokens)
             placement.lease.close()
             self.placement = None
         if admitted is not None:
-            admitted.grant.settle(usage)  # a stream's: its reservation (its usage is unread)
+            admitted.grant.settle(usage)
             self.admitted = None
         if record is not None:
             record.usage = usage
@@ -253,4 +299,3 @@ class Exchange:
             if self.gateway.outcomes.ends:
                 self.gateway.outcomes.request_ended(record)
             self.record = None
-

@@ -24,6 +24,9 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 UPSTREAM_ADDRESS = "upstream.address"
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 CHUNK_BYTES = 64 * 1024  # the largest body piece sent back (ext_proc's recommendation)
+NONE, STREAMED = modes.ProcessingMode.NONE, modes.ProcessingMode.STREAMED
+BUFFERED, BUFFERED_PARTIAL = modes.ProcessingMode.BUFFERED, modes.ProcessingMode.BUFFERED_PARTIAL
+FULL_DUPLEX = modes.ProcessingMode.FULL_DUPLEX_STREAMED
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse
@@ -77,46 +80,104 @@ def status_of(headers: core.HeaderMap) -> int:
     return 0
 
 
-def pick(endpoints: list[str], body_follows: bool) -> ProcessingResponse:
-    """The answer to the request headers: the endpoints Envoy is to try, in order, as the
-    header and the ``envoy.lb`` metadata (the protocol asks for both, with one value).
-    With ``body_follows`` the body is sent back next (full-duplex streamed bodies)."""
+def _pick_common(endpoints: list[str]) -> tuple[ext_proc.CommonResponse, struct_pb2.Struct]:
     value = ",".join(endpoints)
     metadata = struct_pb2.Struct()
     metadata.fields[NAMESPACE].struct_value.fields[DESTINATION].string_value = value
-    mutation = ext_proc.HeaderMutation(set_headers=[core.HeaderValueOption(
-        header=core.HeaderValue(key=DESTINATION, raw_value=value.encode()),
-        append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)])
-    # A changed body has a new length: Envoy sends it chunked.
-    if body_follows:
-        mutation.remove_headers.append("content-length")
-    return ProcessingResponse(
-        request_headers=ext_proc.HeadersResponse(response=ext_proc.CommonResponse(
-            header_mutation=mutation, clear_route_cache=True)),
-        dynamic_metadata=metadata)
+    common = ext_proc.CommonResponse(clear_route_cache=True)
+    common.header_mutation.set_headers.extend(_header_options([(DESTINATION, value)]))
+    return common, metadata
+
+
+def pick(endpoints: list[str], body_follows: bool) -> ProcessingResponse:
+    """The answer to the request headers (full-duplex streamed bodies): the endpoints Envoy
+    is to try, in order, as the header and the ``envoy.lb`` metadata (the protocol asks for
+    both, with one value). With ``body_follows`` the body is sent back next."""
+    common, metadata = _pick_common(endpoints)
+    if body_follows:  # a body sent back has no length known to Envoy: it goes chunked
+        common.header_mutation.remove_headers.append("content-length")
+    return ProcessingResponse(request_headers=ext_proc.HeadersResponse(response=common),
+                              dynamic_metadata=metadata)
+
+
+def pick_with_body(endpoints: list[str], body: bytes | None) -> ProcessingResponse:
+    """The same pick as the answer to a buffered request body (Envoy held the headers for
+    it): the body goes on unchanged, or replaced by ``body``."""
+    common, metadata = _pick_common(endpoints)
+    if body is not None:
+        common.body_mutation.body = body
+        common.header_mutation.set_headers.extend(_header_options([("content-length",
+                                                                    str(len(body)))]))
+    return ProcessingResponse(request_body=ext_proc.BodyResponse(response=common),
+                              dynamic_metadata=metadata)
+
+
+def go_on() -> ProcessingResponse:
+    """The request headers answered with no change (the pick comes with the body)."""
+    return ProcessingResponse(request_headers=ext_proc.HeadersResponse())
 
 
 def request_body(body: bytes) -> list[ProcessingResponse]:
-    """The request body sent back to Envoy (to go upstream), in pieces."""
+    """The request body sent back to Envoy (to go upstream), in pieces (full-duplex)."""
     pieces = [body[i:i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
-    return [ProcessingResponse(request_body=ext_proc.BodyResponse(response=ext_proc.CommonResponse(
+    return [_streamed(piece, i == len(pieces) - 1, request=True) for i, piece in enumerate(pieces)]
+
+
+def request_body_piece(piece: bytes, end: bool, buffered: bool) -> ProcessingResponse:
+    """A request body piece that goes on as it came."""
+    if buffered:
+        return ProcessingResponse(request_body=ext_proc.BodyResponse())
+    return _streamed(piece, end, request=True)
+
+
+def _streamed(piece: bytes, end: bool, request: bool) -> ProcessingResponse:
+    body = ext_proc.BodyResponse(response=ext_proc.CommonResponse(
         body_mutation=ext_proc.BodyMutation(streamed_response=ext_proc.StreamedBodyResponse(
-            body=piece, end_of_stream=i == len(pieces) - 1)))))
-        for i, piece in enumerate(pieces)]
+            body=piece, end_of_stream=end))))
+    return (ProcessingResponse(request_body=body) if request
+            else ProcessingResponse(response_body=body))
 
 
-def response_headers(read_body: bool) -> ProcessingResponse:
-    """The answer to the response headers: nothing changed; with ``read_body`` Envoy sends
-    the answer next (buffered, up to its buffer limit: an answer larger than that is not
-    read for usage), else nothing more of the response comes here."""
-    response = ProcessingResponse(response_headers=ext_proc.HeadersResponse())
-    if read_body:
-        response.mode_override.response_body_mode = modes.ProcessingMode.BUFFERED_PARTIAL
+def response_headers(add: list[tuple[str, str]] = [],  # noqa: B006 - not mutated
+                     read_body_after: ext_proc.ProtocolConfiguration | None = None,
+                     replacing: bool = False) -> ProcessingResponse:
+    """The answer to the response headers: ``add`` headers set (a key's x-ratelimit-*).
+    With ``read_body_after`` (the filter's modes) Envoy is asked for the answer's body
+    (buffered, up to its buffer limit: a larger answer is not read for usage); else nothing
+    more of the response comes, unless the filter sends it anyway. ``replacing``: the body
+    will be replaced (``response_body``), so its length goes (Envoy checks a new body
+    against the length the headers had, and writes the new one when they have none)."""
+    common = ext_proc.CommonResponse()
+    if add:
+        common.header_mutation.set_headers.extend(_header_options(add))
+    if replacing:
+        common.header_mutation.remove_headers.append("content-length")
+    response = ProcessingResponse(response_headers=ext_proc.HeadersResponse(response=common))
+    if read_body_after is not None:
+        # The whole mode is overridden: its request side restates the filter's (header and
+        # trailer modes left DEFAULT: unchanged).
+        mode = response.mode_override
+        mode.request_body_mode = read_body_after.request_body_mode
+        mode.response_body_mode = BUFFERED_PARTIAL
     return response
 
 
-def response_body() -> ProcessingResponse:
-    """The whole answer read: it goes on to the client unchanged."""
+def response_body(replaced: tuple[int, bytes] | None = None) -> ProcessingResponse:
+    """The answer read whole: it goes on to the client unchanged, or ``replaced`` by
+    (status, JSON body)."""
+    if replaced is None:
+        return ProcessingResponse(response_body=ext_proc.BodyResponse())
+    status, body = replaced
+    common = ext_proc.CommonResponse(body_mutation=ext_proc.BodyMutation(body=body))
+    common.header_mutation.set_headers.extend(_header_options([
+        (":status", str(status)), ("content-type", "application/json")]))
+    return ProcessingResponse(response_body=ext_proc.BodyResponse(response=common))
+
+
+def response_body_piece(piece: bytes, end: bool, mode: int) -> ProcessingResponse:
+    """A response body piece the filter sent (streamed modes): it goes on as it came."""
+    if mode == FULL_DUPLEX:
+        return _streamed(piece, end, request=False)
     return ProcessingResponse(response_body=ext_proc.BodyResponse())
 
 
@@ -124,7 +185,10 @@ def immediate(status: int, headers: list[tuple[str, str]], body: bytes) -> Proce
     """A reply Envoy sends the client itself (the request goes nowhere)."""
     return ProcessingResponse(immediate_response=ext_proc.ImmediateResponse(
         status={"code": status}, body=body,
-        headers=ext_proc.HeaderMutation(set_headers=[
-            core.HeaderValueOption(header=core.HeaderValue(key=k, raw_value=v.encode()),
+        headers=ext_proc.HeaderMutation(set_headers=_header_options(headers))))
+
+
+def _header_options(headers: list[tuple[str, str]]) -> list[core.HeaderValueOption]:
+    return [core.HeaderValueOption(header=core.HeaderValue(key=k, raw_value=v.encode()),
                                    append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
-            for k, v in headers])))
+            for k, v in headers]

@@ -217,13 +217,21 @@ def plan(request: GenerationRequest, engine: str, version: str | None, model: st
     engine gets, never into the request."""
     if request.path == responses_api.PATH:
         return ResponsesPassThrough(request, output_cap)
-    profile = engines.get(engine)
-    if request.api is Api.TGI and profile.api is not Api.TGI:
-        return _tgi_on_openai(request, profile, model, tokenizer, window, output_cap, parsed)
-    if (request.api is Api.OPENAI and profile.api is Api.TGI and not request.is_chat
-            and not _at_least(version, TGI_COMPLETIONS_API)):
-        return _completions_on_tgi(request, version, tokenizer, output_cap)
-    return PassThrough(request, output_cap)
+    if passes_through(request, engine, version):
+        return PassThrough(request, output_cap)
+    if request.api is Api.TGI:
+        return _tgi_on_openai(request, engines.get(engine), model, tokenizer, window,
+                              output_cap, parsed)
+    return _completions_on_tgi(request, version, tokenizer, output_cap)
+
+
+def passes_through(request: GenerationRequest, engine: str, version: str | None) -> bool:
+    """A replica of ``engine`` takes ``request`` in the client's own dialect (no
+    translation): where a proxy that cannot translate (the endpoint picker) may send it."""
+    api = engines.get(engine).api
+    if request.api is Api.TGI:
+        return api is Api.TGI
+    return api is not Api.TGI or request.is_chat or _at_least(version, TGI_COMPLETIONS_API)
 
 
 def _tgi_on_openai(request: GenerationRequest, engine: Engine, model: str,
