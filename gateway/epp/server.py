@@ -57,7 +57,9 @@ class EppServer:
         self.gateway = gateway
         self.address = f"{host}:{port}"
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server()
+        # No SO_REUSEPORT (gRPC's default): a second picker on the same port must fail to
+        # start, not share the streams of the first.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(gateway, fallbacks), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
