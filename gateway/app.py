@@ -308,6 +308,20 @@ class GatewayApp:
         await self.api(scope, receive, send)
 
 
+# The routes that reach an engine, each with its protocol and body parser (the HTTP
+# endpoints serve them; the endpoint picker admits them).
+GENERATION_ROUTES: dict[str, tuple[Api, Callable[[bytes], GenerationRequest]]] = {
+    "/v1/completions": (Api.OPENAI, openai_protocol.parse_completion),
+    "/v1/chat/completions": (Api.OPENAI, openai_protocol.parse_chat),
+    "/generate": (Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=False)),
+    "/generate_stream": (Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
+    "/": (Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
+    responses.PATH: (Api.OPENAI, responses.parse_responses),
+    # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
+    **{path: (Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()},
+}
+
+
 def create_app(settings: Settings,
                beside: Callable[[Gateway], contextlib.AbstractAsyncContextManager] | None = None
                ) -> GatewayApp:
@@ -332,18 +346,8 @@ def create_app(settings: Settings,
     app.state.admin = gateway.admin_view()
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
-    generation = [
-        ("/v1/completions", Api.OPENAI, openai_protocol.parse_completion),
-        ("/v1/chat/completions", Api.OPENAI, openai_protocol.parse_chat),
-        ("/generate", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=False)),
-        ("/generate_stream", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
-        ("/", Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
-    ]
-    generation.append((responses.PATH, Api.OPENAI, responses.parse_responses))
-    # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
-    generation += [(path, Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()]
     endpoints = {path: GenerationEndpoint(gateway, api, path, parse)
-                 for path, api, parse in generation}
+                 for path, (api, parse) in GENERATION_ROUTES.items()}
     for path, endpoint in endpoints.items():  # for FastAPI's 405 on other methods
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))
     app.include_router(openai_models.router)

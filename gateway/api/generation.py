@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
-from gateway.api.intake import Gate, Headers, HeadersTooLarge, admit, new_request_id, read_headers
+from gateway.api.intake import (Gate, Headers, HeadersTooLarge, admit, model_label_of,
+                                new_request_id, read_headers)
 from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
 from gateway.protocol.errors import Api, GatewayError
 from gateway.protocol.request import GenerationRequest
@@ -139,18 +140,11 @@ class GenerationEndpoint:
         request = record.request
         # The client's protocol: the route's, unless its body said otherwise (/tokenize).
         api = request.api if request is not None else error.api or self.api
-        model_label = self._model_label(request.model if request else None, api)
+        model_label = model_label_of(self.gateway.admitter, request.model if request else None,
+                                     api)
         record.refusal = Refusal(error.reason, model_label, api)  # counted by the listeners
         record.status = error.status_for(api)
         await send_error(send, error, api, record.request_id)
-
-    def _model_label(self, name: str | None, api: Api) -> str:
-        """Only served names (configured, or listed by an engine) become label values
-        (client input never does)."""
-        if name is not None and self.gateway.admitter.names.resolve(name) is not None:
-            return name
-        default = self.gateway.admitter.default_model
-        return default if default is not None and (name is None or api is Api.TGI) else "unknown"
 
 
 # Errors the gateway answers itself after admission (counted as rejections); the engines'

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple, Protocol
 from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
 from gateway.flow.objective import (NO_HEADERS, PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER,
                                     TTFT_HEADER, ObjectiveHeaders, resolve)
-from gateway.protocol.errors import Draining, InvalidRequest
+from gateway.protocol.errors import Api, Draining, InvalidRequest
 from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
                                      GenerationRequest)
 
@@ -137,3 +137,12 @@ async def admit(gateway: Gate, headers: Headers, read_body: Callable[[], Awaitab
                                        admission.cost.output_tokens)
     record.admitted_at = time.perf_counter()
     return Admitted(request, context, model, admission, grant)
+
+
+def model_label_of(admitter: "Admitter", name: str | None, api: Api) -> str:
+    """A refused request's model as a metric label: only served names (configured, or
+    listed by an engine) become label values (client input never does)."""
+    if name is not None and admitter.names.resolve(name) is not None:
+        return name
+    default = admitter.default_model
+    return default if default is not None and (name is None or api is Api.TGI) else "unknown"

@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from gateway.api.client_connection import MAX_BODY_BYTES, BodyTooLarge
-from gateway.api.intake import (Admitted, Headers, HeadersTooLarge, admit, new_request_id,
-                                read_headers)
+from gateway.api.intake import (Admitted, Headers, HeadersTooLarge, admit, model_label_of,
+                                new_request_id, read_headers)
 from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.outcome import Refusal, RequestRecord
-from gateway.epp import wire
+from gateway.epp import messages, wire
+from gateway.epp.messages import BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX, NONE, STREAMED
 from gateway.protocol.errors import Api, GatewayError, NoReplicaAvailable, error_from_engine
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import passes_through
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from gateway.dataplane.placement import Placement
     from gateway.fleet.replica import Replica
 
-Parser = Callable[[bytes], GenerationRequest]
+Routes = dict[str, tuple[Api, Callable[[bytes], GenerationRequest]]]
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # a whole answer parsed for its usage, at most
 
 
@@ -63,12 +64,13 @@ class Exchange:
     """One HTTP request's ext_proc messages in, the EPP's answers out (``on``); ``close``
     when the stream ends, however it ends."""
 
-    def __init__(self, gateway: "Gateway", parsers: dict[str, Parser], fallbacks: int) -> None:
+    def __init__(self, gateway: "Gateway", routes: Routes, fallbacks: int) -> None:
         self.gateway = gateway
-        self.parsers = parsers
+        self.routes = routes
         self.fallbacks = fallbacks
-        self.modes = wire.ext_proc.ProtocolConfiguration()  # the filter's body modes
-        self.parse: Parser | None = None  # None: not a generation request
+        self.modes = messages.ProtocolConfiguration()  # the filter's body modes
+        self.api = Api.OPENAI  # the route's protocol (its error shape)
+        self.parse: Callable[[bytes], GenerationRequest] | None = None  # None: no generation
         self.read: Headers | None = None  # what the edge read of the request headers
         self.subset: frozenset[str] | None = None  # the proxy's subset hint
         self.body = bytearray()
@@ -81,7 +83,7 @@ class Exchange:
 
     @property
     def buffered(self) -> bool:
-        return self.modes.request_body_mode in (wire.BUFFERED, wire.BUFFERED_PARTIAL)
+        return self.modes.request_body_mode in (BUFFERED, BUFFERED_PARTIAL)
 
     async def on(self, message: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
         """The answers to one message from Envoy (none while a body is still coming)."""
@@ -95,9 +97,9 @@ class Exchange:
         if kind == "response_body":
             return self._response_body(message.response_body)
         if kind == "request_trailers":
-            return [wire.ProcessingResponse(request_trailers=wire.ext_proc.TrailersResponse())]
+            return [wire.ProcessingResponse(request_trailers=messages.TrailersResponse())]
         if kind == "response_trailers":
-            return [wire.ProcessingResponse(response_trailers=wire.ext_proc.TrailersResponse())]
+            return [wire.ProcessingResponse(response_trailers=messages.TrailersResponse())]
         return []
 
     async def _request_headers(self, message: wire.ProcessingRequest
@@ -111,7 +113,9 @@ class Exchange:
                 method = value.decode("latin-1")
             elif name == b":path":
                 path = value.decode("latin-1").split("?", 1)[0]
-        self.parse = self.parsers.get(path) if method == "POST" else None
+        route = self.routes.get(path) if method == "POST" else None
+        if route is not None:
+            self.api, self.parse = route
         if self.parse is None:  # nothing to admit or reserve: any replica that is up
             available = [endpoint_of(r) for r in self.gateway.replicas
                          if r.available and r.role != "prefill" and self._allowed(r)]
@@ -121,18 +125,18 @@ class Exchange:
         arrival = time.perf_counter()
         try:
             self.read = read_headers({"headers": headers})
-            self.record = RequestRecord(self.read.request_id, Api.OPENAI, path, arrival,
+            self.record = RequestRecord(self.read.request_id, self.api, path, arrival,
                                         self.read.traceparent, self.read.tracestate)
         except HeadersTooLarge as error:
-            self.record = RequestRecord(new_request_id(), Api.OPENAI, path, arrival)
-            return [self._refuse(error, Api.OPENAI)]
+            self.record = RequestRecord(new_request_id(), self.api, path, arrival)
+            return [self._refuse(error, self.api)]
         if self.gateway.outcomes.starts:
             self.gateway.outcomes.request_started(self.record)
         if message.request_headers.end_of_stream:  # no body at all
             return await self._admit_and_pick(b"")
         return [wire.go_on()] if self.buffered else []
 
-    async def _request_body(self, piece: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
+    async def _request_body(self, piece: messages.HttpBody) -> list[wire.ProcessingResponse]:
         if self.record is None:  # not a generation request (answered): the body goes on
             return [wire.request_body_piece(piece.body, piece.end_of_stream, self.buffered)]
         if self.record.status:  # refused already: Envoy sends nothing more that counts
@@ -140,7 +144,7 @@ class Exchange:
         self.body += piece.body
         if len(self.body) > MAX_BODY_BYTES:
             return [self._refuse(BodyTooLarge(f"the request body is larger than "
-                                              f"{MAX_BODY_BYTES} bytes"), Api.OPENAI)]
+                                              f"{MAX_BODY_BYTES} bytes"), self.api)]
         if not piece.end_of_stream:
             return []
         body, self.body = bytes(self.body), bytearray()
@@ -170,7 +174,7 @@ class Exchange:
                 admitted.model, admission, key=sticky_key(request, context),
                 caller=context.caller, objective=context.objective, streamed=request.stream)
         except GatewayError as error:
-            api = record.request.api if record.request is not None else Api.OPENAI
+            api = record.request.api if record.request is not None else self.api
             return [self._refuse(error, api)]
         if placement.replica.role == "decode":  # P/D needs the HTTP gateway's prefill step
             return [self._refuse(NoReplicaAvailable(
@@ -212,7 +216,7 @@ class Exchange:
         # A whole answer is asked for its usage, an engine's error to answer it in the
         # gateway's shape; never a stream's events. (Only a buffered request allows it.)
         wanted = self.status >= 400 or not admitted.request.stream
-        ask = self.buffered and wanted and self.modes.response_body_mode == wire.NONE
+        ask = self.buffered and wanted and self.modes.response_body_mode == NONE
         return [wire.response_headers(limits, read_body_after=self.modes if ask else None,
                                       replacing=ask and self.status >= 400)]
 
@@ -231,9 +235,9 @@ class Exchange:
         old.close()
         placement.replica, placement.lease = replica, lease
 
-    def _response_body(self, piece: wire.ext_proc.HttpBody) -> list[wire.ProcessingResponse]:
+    def _response_body(self, piece: messages.HttpBody) -> list[wire.ProcessingResponse]:
         admitted = self.admitted
-        streamed = self.modes.response_body_mode in (wire.FULL_DUPLEX, wire.STREAMED)
+        streamed = self.modes.response_body_mode in (FULL_DUPLEX, STREAMED)
         if streamed:  # the filter sends every piece: each goes back as it came
             answer = [wire.response_body_piece(piece.body, piece.end_of_stream,
                                                self.modes.response_body_mode)]
@@ -264,18 +268,15 @@ class Exchange:
         record = self.record
         status = error.status_for(api)
         headers = [("content-type", "application/json"), *error.headers.items()]
+        if self.admitted is not None:  # refused after admission: the key's headers too
+            headers += [(k.decode(), v.decode()) for k, v in self.admitted.grant.headers]
         if record is not None:
             headers.append(("x-request-id", record.request_id))
             record.status = status
             model = record.model or (record.request.model if record.request else None)
-            record.refusal = Refusal(error.reason, self._model_label(model, api), api)
+            record.refusal = Refusal(error.reason,
+                                     model_label_of(self.gateway.admitter, model, api), api)
         return wire.immediate(status, headers, error.body(api))
-
-    def _model_label(self, name: str | None, api: Api) -> str:
-        """Only served names become label values (client input never does)."""
-        if name is not None and self.gateway.admitter.names.resolve(name) is not None:
-            return name
-        return "unknown"
 
     def close(self) -> None:
         """The stream ended (the request is over, however): release and settle, once."""

@@ -9,45 +9,42 @@ import logging
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from gateway.epp import wire
-from gateway.epp.exchange import Exchange, Parser
-from gateway.protocol import openai as openai_protocol
-from gateway.protocol import pooling, responses
+from gateway.epp import messages, wire
+from gateway.epp.exchange import Exchange
+
+from gateway.app import GENERATION_ROUTES
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger("gateway.epp")
 
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-HEALTH_SERVICES = ("", "liveness", "readiness", SERVICE)
+SERVICE = messages.SERVICE
 
-# The OpenAI routes the picker admits (TGI's need translation: the HTTP gateway's work).
-PARSERS: dict[str, Parser] = {
-    "/v1/completions": openai_protocol.parse_completion,
-    "/v1/chat/completions": openai_protocol.parse_chat,
-    responses.PATH: responses.parse_responses,
-    **pooling.PARSERS,
-}
+class ExternalProcessor:
+    """Envoy's ``ExternalProcessor.Process``: one stream per HTTP request."""
 
-
-class ExternalProcessor(ext_proc_grpc.ExternalProcessorServicer):
     def __init__(self, gateway: "Gateway", fallbacks: int) -> None:
         self.gateway = gateway
         self.fallbacks = fallbacks
 
-    async def Process(self, messages: AsyncIterator[wire.ProcessingRequest],
+    async def process(self, messages_in: AsyncIterator[wire.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[wire.ProcessingResponse]:
-        exchange = Exchange(self.gateway, PARSERS, self.fallbacks)
+        exchange = Exchange(self.gateway, GENERATION_ROUTES, self.fallbacks)
         try:
-            async for message in messages:
+            async for message in messages_in:
                 for answer in await exchange.on(message):
                     yield answer
         finally:
             exchange.close()  # however the stream ended: Envoy done, reset, or cancelled
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Process": grpc.stream_stream_rpc_method_handler(
+                self.process, request_deserializer=messages.ProcessingRequest.FromString,
+                response_serializer=messages.ProcessingResponse.SerializeToString)})
 
 
 class EppServer:
@@ -60,8 +57,7 @@ class EppServer:
         # No SO_REUSEPORT (gRPC's default): a second picker on the same port must fail to
         # start, not share the streams of the first.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(gateway, fallbacks), self.server)
+        self.server.add_generic_rpc_handlers((ExternalProcessor(gateway, fallbacks).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(self.address)
 

@@ -7,12 +7,10 @@ error reply, a mode override) built. No decisions here: ``gateway.epp.exchange``
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as modes
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
-from google.protobuf import struct_pb2
+from gateway.epp import messages as ext_proc
+from gateway.epp.messages import BUFFERED_PARTIAL, FULL_DUPLEX, OVERWRITE_IF_EXISTS_OR_ADD
 
 DESTINATION = "x-gateway-destination-endpoint"  # header and metadata key: "ip:port[,ip:port]"
 NAMESPACE = "envoy.lb"  # the dynamic metadata namespace of the pick and of the served report
@@ -24,22 +22,19 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 UPSTREAM_ADDRESS = "upstream.address"
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 CHUNK_BYTES = 64 * 1024  # the largest body piece sent back (ext_proc's recommendation)
-NONE, STREAMED = modes.ProcessingMode.NONE, modes.ProcessingMode.STREAMED
-BUFFERED, BUFFERED_PARTIAL = modes.ProcessingMode.BUFFERED, modes.ProcessingMode.BUFFERED_PARTIAL
-FULL_DUPLEX = modes.ProcessingMode.FULL_DUPLEX_STREAMED
 
 ProcessingRequest = ext_proc.ProcessingRequest
 ProcessingResponse = ext_proc.ProcessingResponse
 
 
-def header_list(headers: core.HeaderMap) -> list[tuple[bytes, bytes]]:
+def header_list(headers: ext_proc.HeaderMap) -> list[tuple[bytes, bytes]]:
     """Envoy's headers as the (lower-cased name, value) byte pairs of an ASGI scope: the
     edge's own header reader (``gateway.api.intake.read_headers``) reads them."""
     return [(h.key.encode("latin-1"), h.raw_value or h.value.encode("latin-1"))
             for h in headers.headers]
 
 
-def _endpoints(value: struct_pb2.Value) -> Iterator[str]:
+def _endpoints(value: Any) -> Iterator[str]:
     """Endpoints in a metadata value: "a,b" or a list of such strings."""
     kind = value.WhichOneof("kind")
     items = ([value.string_value] if kind == "string_value"
@@ -71,7 +66,7 @@ def served_of(message: ProcessingRequest) -> str | None:
     return None
 
 
-def status_of(headers: core.HeaderMap) -> int:
+def status_of(headers: ext_proc.HeaderMap) -> int:
     """A response's ``:status`` (0 when absent or not a number)."""
     for h in headers.headers:
         if h.key == ":status":
@@ -80,9 +75,9 @@ def status_of(headers: core.HeaderMap) -> int:
     return 0
 
 
-def _pick_common(endpoints: list[str]) -> tuple[ext_proc.CommonResponse, struct_pb2.Struct]:
+def _pick_common(endpoints: list[str]) -> tuple[ext_proc.CommonResponse, ext_proc.Struct]:
     value = ",".join(endpoints)
-    metadata = struct_pb2.Struct()
+    metadata = ext_proc.Struct()
     metadata.fields[NAMESPACE].struct_value.fields[DESTINATION].string_value = value
     common = ext_proc.CommonResponse(clear_route_cache=True)
     common.header_mutation.set_headers.extend(_header_options([(DESTINATION, value)]))
@@ -188,7 +183,7 @@ def immediate(status: int, headers: list[tuple[str, str]], body: bytes) -> Proce
         headers=ext_proc.HeaderMutation(set_headers=_header_options(headers))))
 
 
-def _header_options(headers: list[tuple[str, str]]) -> list[core.HeaderValueOption]:
-    return [core.HeaderValueOption(header=core.HeaderValue(key=k, raw_value=v.encode()),
-                                   append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+def _header_options(headers: list[tuple[str, str]]) -> list[ext_proc.HeaderValueOption]:
+    return [ext_proc.HeaderValueOption(header=ext_proc.HeaderValue(key=k, raw_value=v.encode()),
+                                   append_action=OVERWRITE_IF_EXISTS_OR_ADD)
             for k, v in headers]

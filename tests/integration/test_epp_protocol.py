@@ -15,12 +15,10 @@ from typing import Any, Iterator
 import grpc
 import orjson
 import pytest
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp_support import Picker, picker
+from gateway.epp import messages as ext_proc
 from gateway.epp import wire
 from scrape import by_label
 from support import sim, wait_until
@@ -57,12 +55,12 @@ def endpoint(url: str) -> str:
 def headers_message(path: str = "/v1/completions", subset: list[str] | None = None,
                     end: bool = False) -> ext_proc.ProcessingRequest:
     message = ext_proc.ProcessingRequest(
-        request_headers=ext_proc.HttpHeaders(end_of_stream=end, headers=core.HeaderMap(headers=[
-            core.HeaderValue(key=k, raw_value=v.encode())
+        request_headers=ext_proc.HttpHeaders(end_of_stream=end, headers=ext_proc.HeaderMap(headers=[
+            ext_proc.HeaderValue(key=k, raw_value=v.encode())
             for k, v in [(":method", "POST" if not end else "GET"), (":path", path),
                          ("content-type", "application/json")]])),
         protocol_config=ext_proc.ProtocolConfiguration(
-            request_body_mode=wire.FULL_DUPLEX, response_body_mode=wire.FULL_DUPLEX))
+            request_body_mode=ext_proc.FULL_DUPLEX, response_body_mode=ext_proc.FULL_DUPLEX))
     if subset is not None:
         message.metadata_context.filter_metadata[wire.SUBSET_NAMESPACE].fields[
             wire.SUBSET].list_value.values.add().string_value = ",".join(subset)
@@ -76,7 +74,7 @@ def body_message(body: dict | bytes) -> ext_proc.ProcessingRequest:
 
 def response_headers_message(served: str | None, status: int = 200) -> ext_proc.ProcessingRequest:
     message = ext_proc.ProcessingRequest(response_headers=ext_proc.HttpHeaders(
-        headers=core.HeaderMap(headers=[core.HeaderValue(key=":status",
+        headers=ext_proc.HeaderMap(headers=[ext_proc.HeaderValue(key=":status",
                                                          raw_value=str(status).encode())])))
     if served is not None:
         message.metadata_context.filter_metadata[wire.NAMESPACE].fields[
@@ -94,8 +92,10 @@ class Conversation:
         self.outbox: list[Any] = []
         self.closed = False
         self._wake = threading.Condition()
-        stub = ext_proc_grpc.ExternalProcessorStub(channel)
-        self.call = stub.Process(self._messages(), timeout=30)
+        process = channel.stream_stream(ext_proc.METHOD,
+                                        request_serializer=ext_proc.ProcessingRequest.SerializeToString,
+                                        response_deserializer=ext_proc.ProcessingResponse.FromString)
+        self.call = process(self._messages(), timeout=30)
 
     def _messages(self) -> Iterator[ext_proc.ProcessingRequest]:
         while True:
@@ -228,7 +228,7 @@ def test_messages_out_of_order_or_not_messages_do_not_take_it_down(channel: grpc
     assert answer.WhichOneof("response") == "response_headers"
     talk.end()
     # Bytes that are no ProcessingRequest: the call fails, the picker goes on.
-    garbage = channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+    garbage = channel.stream_stream(ext_proc.METHOD,
                                     request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
     with pytest.raises(grpc.RpcError) as failure:
