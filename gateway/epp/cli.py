@@ -16,14 +16,12 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
-from typing import AsyncIterator
 
 import uvicorn
 
-from gateway.app import Gateway, create_app
+from gateway.app import create_app
 from gateway.config import ConfigError, load_settings
 from gateway.epp.bootstrap import render
 from gateway.epp.exchange import endpoint_of
@@ -69,20 +67,12 @@ def run(args: argparse.Namespace) -> int:
                   "resolve at run time: list the endpoints in Envoy's cluster yourself)",
                   file=sys.stderr)
             return 2
-        picker = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.grpc_port}"
-        print(render(endpoints, args.envoy_port, [picker], args.envoy_admin_port), end="")
+        address = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.grpc_port}"
+        print(render(endpoints, args.envoy_port, [address], args.envoy_admin_port), end="")
         return 0
-    from gateway.epp.server import EppServer  # grpc: loaded only by this command
+    from gateway.epp.server import beside  # grpc: loaded only by this command
 
-    @contextlib.asynccontextmanager
-    async def picker(gateway: Gateway) -> AsyncIterator[None]:
-        server = EppServer(gateway, host, args.grpc_port, args.fallbacks)
-        await server.start()
-        try:
-            yield
-        finally:
-            await server.stop(settings.drain_timeout)
-
+    picker = beside(host, args.grpc_port, args.fallbacks, settings.drain_timeout)
     # grpc's asyncio server runs on the standard event loop (not uvloop).
     options = {**uvicorn_options(host, args.port, args.log_level), "loop": "asyncio"}
     uvicorn.run(create_app(settings, beside=picker), **options)

@@ -5,8 +5,9 @@ health, admin API)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -77,3 +78,18 @@ class EppServer:
     async def stop(self, grace: float) -> None:
         await self.serving(False)
         await self.server.stop(grace)
+
+
+def beside(host: str, port: int, fallbacks: int, grace: float
+           ) -> Callable[["Gateway"], contextlib.AbstractAsyncContextManager]:
+    """The picker's server as ``create_app``'s ``beside``: serving while the gateway runs."""
+    @contextlib.asynccontextmanager
+    async def serving(gateway: "Gateway") -> AsyncIterator[None]:
+        server = EppServer(gateway, host, port, fallbacks)
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop(grace)
+
+    return serving

