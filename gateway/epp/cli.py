@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -39,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HTTP port: /metrics, /health, /ready, admin API (default 9090)")
     parser.add_argument("--fallbacks", type=int, default=2,
                         help="endpoints named after the pick, for Envoy's retries (default 2)")
+    parser.add_argument("--tls-cert", metavar="PEM",
+                        help="serve the gRPC port with TLS: certificate chain (with --tls-key; "
+                             "Envoy AI Gateway dials its picker with TLS)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    parser.add_argument("--health-port", type=int,
+                        help="also serve the gRPC health services alone, in plaintext, on "
+                             "this port (kubelet's gRPC probes, when the gRPC port has TLS)")
     parser.add_argument("--envoy-bootstrap", action="store_true",
                         help="print a bootstrap for Envoy in front of this config's replicas and "
                              "this picker, then exit (deploy/envoy/envoy.yaml is the demo's)")
@@ -70,9 +78,19 @@ def run(args: argparse.Namespace) -> int:
         address = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.grpc_port}"
         print(render(endpoints, args.envoy_port, [address], args.envoy_admin_port), end="")
         return 0
-    from gateway.epp.server import beside  # grpc: loaded only by this command
+    from gateway.epp.server import Listen, beside  # grpc: loaded only by this command
 
-    picker = beside(host, args.grpc_port, args.fallbacks, settings.drain_timeout)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("llm-gateway: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    try:
+        tls = (None if args.tls_cert is None else
+               (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()))
+    except OSError as exc:
+        print(f"llm-gateway: {exc}", file=sys.stderr)
+        return 2
+    picker = beside(Listen(host, args.grpc_port, args.fallbacks, tls, args.health_port),
+                    settings.drain_timeout)
     # grpc's asyncio server runs on the standard event loop (not uvloop).
     options = {**uvicorn_options(host, args.port, args.log_level), "loop": "asyncio"}
     uvicorn.run(create_app(settings, beside=picker), **options)

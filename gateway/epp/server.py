@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import grpc
@@ -48,24 +49,47 @@ class ExternalProcessor:
                 response_serializer=messages.ProcessingResponse.SerializeToString)})
 
 
-class EppServer:
-    """``start`` listens on ``host:port``; ``stop`` drains the streams (up to ``grace``)."""
+@dataclass(frozen=True)
+class Listen:
+    """Where and how the picker serves."""
 
-    def __init__(self, gateway: "Gateway", host: str, port: int, fallbacks: int = 2) -> None:
+    host: str
+    port: int
+    fallbacks: int = 2  # endpoints named after the pick, for Envoy's retries
+    tls: tuple[bytes, bytes] | None = None  # (certificate chain, private key), PEM
+    health_port: int | None = None  # plaintext gRPC health alone (kubelet's probes, with TLS)
+
+
+class EppServer:
+    """``start`` listens; ``stop`` drains the streams (up to ``grace``)."""
+
+    def __init__(self, gateway: "Gateway", listen: Listen) -> None:
         self.gateway = gateway
-        self.address = f"{host}:{port}"
+        self.address = f"{listen.host}:{listen.port}"
         self.health = health.aio.HealthServicer()
-        # No SO_REUSEPORT (gRPC's default): a second picker on the same port must fail to
-        # start, not share the streams of the first.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        self.server.add_generic_rpc_handlers((ExternalProcessor(gateway, fallbacks).handler(),))
+        self.server = _server()
+        self.server.add_generic_rpc_handlers(
+            (ExternalProcessor(gateway, listen.fallbacks).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(self.address)
+        if listen.tls is None:
+            self.server.add_insecure_port(self.address)
+        else:  # Envoy AI Gateway dials its picker with TLS (GIE's reference serves it)
+            self.server.add_secure_port(self.address, grpc.ssl_server_credentials(
+                [(listen.tls[1], listen.tls[0])]))
+        self.health_server: grpc.aio.Server | None = None
+        if listen.health_port is not None:
+            self.health_server = _server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_server.add_insecure_port(f"{listen.host}:{listen.health_port}")
+        self.tls = listen.tls is not None
 
     async def start(self) -> None:
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         await self.serving(True)
-        log.info("endpoint picker (ext_proc) listening on %s", self.address)
+        log.info("endpoint picker (ext_proc) listening on %s%s", self.address,
+                 " (TLS)" if self.tls else "")
 
     async def serving(self, ready: bool) -> None:
         """Liveness is always SERVING; readiness and the ext_proc service follow ``ready``
@@ -78,14 +102,22 @@ class EppServer:
     async def stop(self, grace: float) -> None:
         await self.serving(False)
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
 
 
-def beside(host: str, port: int, fallbacks: int, grace: float
+def _server() -> grpc.aio.Server:
+    # No SO_REUSEPORT (gRPC's default): a second picker on the same port must fail to
+    # start, not share the streams of the first.
+    return grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+
+
+def beside(listen: Listen, grace: float
            ) -> Callable[["Gateway"], contextlib.AbstractAsyncContextManager]:
     """The picker's server as ``create_app``'s ``beside``: serving while the gateway runs."""
     @contextlib.asynccontextmanager
     async def serving(gateway: "Gateway") -> AsyncIterator[None]:
-        server = EppServer(gateway, host, port, fallbacks)
+        server = EppServer(gateway, listen)
         await server.start()
         try:
             yield

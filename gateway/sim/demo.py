@@ -104,10 +104,10 @@ def _envoy_and_picker(settings: Any, replicas: list[dict], port: int
     """The gateway as endpoint picker (gRPC and HTTP on free ports, in a thread) and Envoy
     on ``port`` in front of the replicas, asking it."""
     from gateway.epp.bootstrap import envoy_binary, render
-    from gateway.epp.server import beside
+    from gateway.epp.server import Listen, beside
 
     grpc_port, http_port, admin_port = _free_port(), _free_port(), _free_port()
-    app = create_app(settings, beside=beside("127.0.0.1", grpc_port, 2, 5.0))
+    app = create_app(settings, beside=beside(Listen("127.0.0.1", grpc_port), 5.0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port,
                                            log_level="warning", loop="asyncio",
                                            http="httptools"))

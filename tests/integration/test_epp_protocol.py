@@ -267,3 +267,38 @@ def test_two_pickers_cannot_bind_one_port(epp: Picker, tmp_path: Path) -> None:
                              "--grpc-port", port, "--port", "0", "--log-level", "warning"],
                             capture_output=True, text=True, timeout=60)
     assert second.returncode != 0
+
+
+def test_tls_on_the_grpc_port_and_plaintext_health_for_probes(
+        replicas: tuple[str, str], tmp_path: Path) -> None:
+    """Envoy AI Gateway dials its picker with TLS; kubelet's gRPC probes are plaintext."""
+    import subprocess
+
+    from support import free_port
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    health_port = free_port()
+    config = {"models": [{"name": MODEL, "replicas": [{"url": u, "engine": "vllm"}
+                                                     for u in replicas]}]}
+    with picker(tmp_path, config, "--tls-cert", str(cert), "--tls-key", str(key),
+                "--health-port", str(health_port)) as p:
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(p.grpc, credentials) as secure:
+            talk = Conversation(secure)
+            talk.send(headers_message(), 0)
+            pick, _ = talk.send(body_message(REQUEST), 2)
+            assert destination(pick)[0]
+            talk.end()
+        with grpc.insecure_channel(p.grpc) as plain:  # no TLS: refused
+            with pytest.raises(grpc.RpcError):
+                health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as probes:
+            reply = health_pb2_grpc.HealthStub(probes).Check(
+                health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as no_ext_proc:  # health alone on that port
+                Conversation(probes).send(headers_message("/v1/models", end=True), 1)
+            assert no_ext_proc.value.code() == grpc.StatusCode.UNIMPLEMENTED
