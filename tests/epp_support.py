@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -86,3 +88,14 @@ def envoy(config_dir: Path, replicas: list[str], pickers: list[str]) -> Iterator
             yield Envoy(f"http://127.0.0.1:{port}", admin, proc)
         finally:
             stop(proc)
+
+
+def held(base: str, body: dict[str, Any]) -> socket.socket:
+    """A completion sent and left open, its answer never read: close the socket to leave.
+    (With a replica that sends no token for a minute, a request stays placed.)"""
+    host, port = base.split("//", 1)[1].split(":")
+    payload = json.dumps(body).encode()
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
+                 b"\r\ncontent-length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
+    return conn

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gateway.config import Settings, load_settings
+from crd_support import strict
 from support import ROOT, checkov, tool
 
 BASE = ROOT / "deploy" / "kubernetes"
@@ -131,31 +132,6 @@ def test_every_core_manifest_matches_the_kubernetes_schemas(
 
 # --- the CRDs: schema and CEL rules ---
 
-def structural(schema: Any) -> Any:
-    """An openAPIV3Schema as JSON Schema, as the API server reads it: int-or-string,
-    nullable, and unknown fields refused where the schema lists the fields and does not keep
-    unknown ones (as test_kubernetes_canary.strict)."""
-    if isinstance(schema, list):
-        return [structural(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: structural(v) if k in ("items", "additionalProperties", "not") else v
-           for k, v in schema.items() if k != "properties"}
-    for key in ("anyOf", "allOf", "oneOf"):
-        if key in schema:
-            out[key] = structural(schema[key])
-    if "properties" in schema:
-        out["properties"] = {k: structural(v) for k, v in schema["properties"].items()}
-        if not schema.get("x-kubernetes-preserve-unknown-fields"):
-            out.setdefault("additionalProperties", False)
-    if schema.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if schema.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    return out
-
-
 def openapi_schema(kind: str) -> dict[str, Any]:
     """The CRD's schema of the version the manifests use (served, and the storage version)."""
     path, api_version = CUSTOM[kind]
@@ -238,7 +214,7 @@ def cel_failures(obj: dict[str, Any]) -> list[str]:
 def schema_errors(obj: dict[str, Any]) -> list[str]:
     kind = obj["kind"]
     assert obj["apiVersion"] == CUSTOM[kind][1]
-    schema = structural(openapi_schema(kind))
+    schema = strict(openapi_schema(kind))
     schema["properties"]["metadata"] = {"type": "object"}  # the API server checks metadata
     validator = jsonschema.Draft7Validator(schema)
     return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(obj)]

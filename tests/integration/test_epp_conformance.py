@@ -23,27 +23,16 @@ CRDs in tests/e2e/test_kubernetes_epp.py."""
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 from pathlib import Path
 
 import httpx
 
-from epp_support import envoy, picker
+from epp_support import envoy, held, picker
 from scrape import by_label
 from support import sim, stop, wait_until
 
 MODEL = "sim-model"
 SLOW = ("--profile", "paced", "--ttft-ms", "60000", "--itl-ms", "20")  # no token while held
-
-
-def held(base: str, body: dict) -> socket.socket:
-    host, port = base.split("//", 1)[1].split(":")
-    payload = json.dumps(body).encode()
-    conn = socket.create_connection((host, int(port)), timeout=10)
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
-                 b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
-    return conn
 
 
 def engine_holds(url: str) -> int:

@@ -8,9 +8,7 @@ least-outstanding-tokens picks what the HTTP gateway picks for the same requests
 from __future__ import annotations
 
 import contextlib
-import json
 import re
-import socket
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,7 +16,7 @@ import httpx
 import pytest
 
 from access_support import key, serving
-from epp_support import Envoy, Picker, envoy, picker
+from epp_support import Envoy, Picker, envoy, held, picker
 from scrape import by_label
 from support import free_port, running, sim, wait_until
 
@@ -216,16 +214,6 @@ def test_a_request_placed_on_a_dead_replica_goes_to_the_fallback(tmp_path: Path)
             assert e.stats("cluster.replicas.upstream_rq_retry")[
                 "cluster.replicas.upstream_rq_retry"] == retries + 1
         wait_until(lambda: idle(p.url), 10, "the picker's ledger to return to 0")
-
-
-def held(base: str, body: dict) -> socket.socket:
-    """A request sent and left open (its answer never read): close the socket to leave."""
-    host, port = base.split("//", 1)[1].split(":")
-    payload = json.dumps(body).encode()
-    conn = socket.create_connection((host, int(port)), timeout=10)
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
-                 b"\r\ncontent-length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
-    return conn
 
 
 def placements(base: str, metrics: str, requests: list[dict]) -> list[tuple[float, ...]]:

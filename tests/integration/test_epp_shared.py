@@ -6,13 +6,11 @@ to the replica the first one left idle even when the other picker placed the fir
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 from pathlib import Path
 
 import httpx
 
-from epp_support import envoy, picker
+from epp_support import envoy, held, picker
 from redis_support import SHARED_URL, shared_prefix
 from scrape import by_label
 from support import sim, wait_until
@@ -20,16 +18,6 @@ from support import sim, wait_until
 MODEL = "sim-model"
 ADMIN = "admin-token-0123456789abcdef"
 SLOW = ("--profile", "paced", "--ttft-ms", "60000", "--itl-ms", "20")  # no token while held
-
-
-def held(base: str, body: dict) -> socket.socket:
-    """A request sent and left open (close the socket to leave)."""
-    host, port = base.split("//", 1)[1].split(":")
-    payload = json.dumps(body).encode()
-    conn = socket.create_connection((host, int(port)), timeout=10)
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
-                 b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
-    return conn
 
 
 def own_in_flight(url: str) -> float:

