@@ -161,13 +161,16 @@ class Exchange:
             self.admitted = admitted = await admit(gateway, self.read, whole_body, self.parse,
                                                    record)
             request, admission, context = admitted.request, admitted.admission, admitted.context
-            # Envoy sends the body as it is: only replicas that take it so (no translation),
-            # and of those only the proxy's subset, when it sent one.
-            admission.replicas = [r for r in admission.replicas if self._allowed(r)
+            # Envoy sends the body as it is to one replica: only replicas that take it so
+            # (no translation) and alone (no prefill/decode pair), and of those only the
+            # proxy's subset, when it sent one.
+            admission.replicas = [r for r in admission.replicas if r.role == "both"
+                                  and self._allowed(r)
                                   and passes_through(request, r.engine, r.version)]
             if not admission.replicas:
                 raise NoReplicaAvailable("no replica can take this request as it is (the "
-                                         "endpoint picker does not translate)"
+                                         "endpoint picker neither translates nor pairs "
+                                         "prefill and decode replicas)"
                                          if self.subset is None else
                                          "no replica of the proxy's subset can serve it")
             self.placement = placement = await gateway.placer.place(
@@ -176,10 +179,6 @@ class Exchange:
         except GatewayError as error:
             api = record.request.api if record.request is not None else self.api
             return [self._refuse(error, api)]
-        if placement.replica.role == "decode":  # P/D needs the HTTP gateway's prefill step
-            return [self._refuse(NoReplicaAvailable(
-                "disaggregated (prefill/decode) serving is not done by the endpoint picker"),
-                request.api)]
         endpoints = [endpoint_of(placement.replica), *self._fallbacks(placement)]
         capped = (None if admission.output_cap is None
                   else orjson.dumps(capped_body(request, admission.output_cap)))
@@ -197,7 +196,7 @@ class Exchange:
             return []
         ledger = self.gateway.ledger
         others = [r for r in placement.admission.replicas
-                  if r is not placement.replica and r.available and r.role == "both"]
+                  if r is not placement.replica and r.available]
         others.sort(key=lambda r: ledger.load(r.name).outstanding_tokens)
         return [endpoint_of(r) for r in others[:self.fallbacks]]
 

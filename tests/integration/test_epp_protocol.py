@@ -302,3 +302,19 @@ def test_tls_on_the_grpc_port_and_plaintext_health_for_probes(
             with pytest.raises(grpc.RpcError) as no_ext_proc:  # health alone on that port
                 Conversation(probes).send(headers_message("/v1/models", end=True), 1)
             assert no_ext_proc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_only_replicas_that_serve_a_request_alone_are_picked(tmp_path: Path) -> None:
+    """A decode replica needs its prefill elsewhere first (the HTTP gateway's work): never
+    picked, nor named as a fallback."""
+    with sim("vllm", MODEL, 2048, "--role", "decode") as decode, sim("vllm", MODEL, 2048) as both:
+        config = {"models": [{"name": MODEL, "replicas": [
+            {"url": decode, "engine": "vllm", "role": "decode"},
+            {"url": both, "engine": "vllm"}]}]}
+        with picker(tmp_path, config) as p, grpc.insecure_channel(p.grpc) as channel:
+            for _ in range(3):
+                talk = Conversation(channel)
+                talk.send(headers_message(), 0)
+                pick, _ = talk.send(body_message(REQUEST), 2)
+                assert destination(pick)[0] == endpoint(both)
+                talk.end()
