@@ -133,6 +133,20 @@ PEERS = ("vllm-router", "nginx", "envoy", "envoy-epp")
 PICKER = "envoy-epp/picker"
 # Set to a file name: the picker runs under cProfile and writes its stats there on exit.
 PROFILE_PICKER = os.environ.get("BENCH_PROFILE_PICKER")
+# ``python -c PROFILED STATS ARGS``: ``python -m gateway ARGS`` under cProfile. Not ``-m
+# cProfile``: uvicorn ends by raising SIGTERM again to the handler there before it, which
+# would kill the process before the stats are written; this handler writes them.
+PROFILED = """import cProfile, runpy, signal, sys
+stats, sys.argv = sys.argv[1], ["gateway", *sys.argv[2:]]
+profile = cProfile.Profile()
+def dump(*_):
+    profile.disable()
+    profile.dump_stats(stats)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, dump)
+profile.enable()
+runpy.run_module("gateway", run_name="__main__")
+"""
 
 
 def peer_unavailable(name: str) -> str | None:
@@ -232,7 +246,7 @@ def envoy_epp_command(tmp: Path, port: int, replica_port: int) -> list[str]:
               str(gateway_config(tmp, replica_port)), "--grpc-port", str(grpc_port),
               "--port", str(free_port()), "--log-level", "warning"]
     if PROFILE_PICKER:
-        picker[1:1] = ["-m", "cProfile", "-o", PROFILE_PICKER]
+        picker[1:3] = ["-c", PROFILED, PROFILE_PICKER]
     envoy = envoy_command(tmp, "envoy-epp", envoy_bootstrap(port, replica_port, free_port(),
                                                             f"{HOST}:{grpc_port}"))
     script = (f"{shlex.join(picker)} & p=$!; echo $p > {shlex.quote(str(tmp / 'picker.pid'))}; "
