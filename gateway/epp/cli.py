@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     picker = beside(Listen(host, args.grpc_port, args.fallbacks, tls, args.health_port),
                     settings.drain_timeout)
-    # grpc's asyncio server runs on the standard event loop (not uvloop).
-    options = {**uvicorn_options(host, args.port, args.log_level), "loop": "asyncio"}
-    uvicorn.run(create_app(settings, beside=picker), **options)
+    # uvloop, as the gateway: grpc's asyncio server runs on it too.
+    uvicorn.run(create_app(settings, beside=picker),
+                **uvicorn_options(host, args.port, args.log_level))
     return 0
