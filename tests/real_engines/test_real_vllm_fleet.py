@@ -210,7 +210,11 @@ def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
 
         wait_until(pause_each_as_it_starts, 60, "both long requests to start", every=0.005)
         try:
-            assert [r["in_flight"] for r in replicas(gateway).values()] == [1, 1]
+            seen = replicas(gateway)
+            # (Once, in a full fresh-clone run, one replica showed 0 here: what each long
+            # stream had, if it ended, says why next time.)
+            assert [r["in_flight"] for r in seen.values()] == [1, 1], (
+                seen, [(s.replica, s.status, s.thread.is_alive(), s.events[-2:]) for s in held])
             batch = [Stream(gateway, 8, {"x-gateway-priority": "0"}) for _ in range(4)]
             wait_until(lambda: waiting("0") == 4, 30, "the batch requests to wait")
             shed = httpx.post(gateway + "/v1/completions", timeout=30,
