@@ -16,6 +16,7 @@ import grpc
 import uvloop
 
 from gateway.epp import messages, wire
+from gateway.epp.server import ext_proc_handler, grpc_server
 
 SEEN = "x-null-processor"
 
@@ -40,11 +41,8 @@ async def serve(port: int, endpoint: str) -> None:
         while (message := await context.read()) is not grpc.aio.EOF:
             await context.write(replies[message.WhichOneof("request")])
 
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(messages.SERVICE, {
-        "Process": grpc.stream_stream_rpc_method_handler(
-            process, request_deserializer=messages.ProcessingRequest.FromString,
-            response_serializer=messages.ProcessingResponse.SerializeToString)}),))
+    server = grpc_server()  # the picker's own server and service, without the picker
+    server.add_generic_rpc_handlers((ext_proc_handler(process),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -45,10 +45,19 @@ class ExternalProcessor:
             exchange.close()  # however the stream ended: Envoy done, reset, or cancelled
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Process": grpc.stream_stream_rpc_method_handler(
-                self.process, request_deserializer=messages.ProcessingRequest.FromString,
-                response_serializer=messages.ProcessingResponse.SerializeToString)})
+        return ext_proc_handler(self.process)
+
+
+Process = Callable[[AsyncIterator[wire.ProcessingRequest], grpc.aio.ServicerContext],
+                   Awaitable[None]]
+
+
+def ext_proc_handler(process: Process) -> grpc.GenericRpcHandler:
+    """Envoy's ``ExternalProcessor`` service, each stream served by ``process``."""
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            process, request_deserializer=messages.ProcessingRequest.FromString,
+            response_serializer=messages.ProcessingResponse.SerializeToString)})
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ class EppServer:
         self.gateway = gateway
         self.address = f"{listen.host}:{listen.port}"
         self.health = health.aio.HealthServicer()
-        self.server = _server()
+        self.server = grpc_server()
         self.server.add_generic_rpc_handlers(
             (ExternalProcessor(gateway, listen.fallbacks).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -80,7 +89,7 @@ class EppServer:
                 [(listen.tls[1], listen.tls[0])]))
         self.health_server: grpc.aio.Server | None = None
         if listen.health_port is not None:
-            self.health_server = _server()
+            self.health_server = grpc_server()
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
             self.health_server.add_insecure_port(f"{listen.host}:{listen.health_port}")
         self.tls = listen.tls is not None
@@ -108,7 +117,7 @@ class EppServer:
             await self.health_server.stop(0)
 
 
-def _server() -> grpc.aio.Server:
+def grpc_server() -> grpc.aio.Server:
     # No SO_REUSEPORT (gRPC's default): a second picker on the same port must fail to
     # start, not share the streams of the first.
     return grpc.aio.server(options=[("grpc.so_reuseport", 0)])
