@@ -17,7 +17,8 @@ demo-envoy:
 
 # First ruff check (pyflakes; pyproject.toml [tool.ruff]), then one pytest worker per core,
 # each taking whole files (a file's fixtures start its servers once), and one of them all the
-# real-engine files, one after the other (tests/conftest.py: never two vLLM modules at once).
+# real-engine files, one after the other (tests/conftest.py's xdist scheduler, which replaces
+# --dist loadgroup's: never two vLLM modules at once).
 # ARGS: extra pytest arguments, e.g. make test ARGS='tests/e2e/test_docker.py -x';
 # WORKERS=0 runs in one process.
 WORKERS ?= auto

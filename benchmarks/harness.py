@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gateway.bench.loadgen import Request, Target, closed_loop
+from gateway.bench.records import Record
 from gateway.bench.report import distribution_ms
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ is at its top
@@ -38,6 +39,7 @@ MODEL = "m"
 GATEWAY_CORE, REPLICA_CORE, CLIENT_CORE = 0, 1, 1
 REQUEST_TIMEOUT = 30.0
 WARMUP = 0.5
+MAX_WARMUP = 10.0  # seconds a segment waits for its first completed request at most
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -412,28 +414,40 @@ class Segment:
 
 async def run_segment(port: int, sc: Scenario, seconds: float,
                       pids: dict[str, int]) -> Segment:
-    """Closed loop of C users (one keep-alive connection each) for WARMUP + seconds; counts
-    what completed inside the measuring window and each process's CPU time over it."""
+    """Closed loop of C users (one keep-alive connection each): the measuring window opens
+    WARMUP seconds after the start, or once the first request completed if that is later
+    (a starved machine can take longer than WARMUP to complete any of C fresh connections'
+    first requests: a window then measures the cold start, not the steady state), and lasts
+    ``seconds``; counts what completed inside it and each process's CPU time over it."""
     target = Target(f"http://{HOST}:{port}", api=sc.api, stream=sc.stream,  # type: ignore[arg-type]
                     model=MODEL if sc.api == "openai" else None)
     request = Request(prompt="Measure the gateway overhead, please.", max_tokens=sc.max_tokens)
-    w0 = time.perf_counter() + WARMUP
-    w1 = w0 + seconds
+    completed, stop = asyncio.Event(), asyncio.Event()
+    edges: list[float] = []
 
     async def window() -> dict[str, float]:
-        await asyncio.sleep(max(0.0, w0 - time.perf_counter()))
+        await asyncio.sleep(WARMUP)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(completed.wait(), MAX_WARMUP - WARMUP)
         before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
         before["client"] = time.process_time()
         t_a = time.perf_counter()
-        await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
+        await asyncio.sleep(seconds)
         t_b = time.perf_counter()
+        stop.set()
         after = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
         after["client"] = time.process_time()
+        edges[:] = [t_a, t_b]
         return {"wall": t_b - t_a, **{k: after[k] - before[k] for k in before}}
 
+    def on_record(record: Record) -> None:
+        if record.ok:
+            completed.set()
+
     cpu, run = await asyncio.gather(window(), closed_loop(
-        target, [request], sc.concurrency, duration=w1 - time.perf_counter(),
-        timeout=REQUEST_TIMEOUT))
+        target, [request], sc.concurrency, duration=MAX_WARMUP + seconds + 5,
+        timeout=REQUEST_TIMEOUT, on_record=on_record, stop=stop))
+    w0, w1 = edges
     done = [r for r in run.records if r.ok and w0 <= r.end <= w1]
     tokens = sum(n for r in run.records for t, n in r.chunks if w0 <= t <= w1) if sc.stream else 0
     return Segment(window=cpu.pop("wall"), requests=len(done),

@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=6.0,
                         help="measured seconds per scenario and target (default 6; split "
-                             "into --rounds alternating segments, each after a 0.5 s warm-up)")
+                             "into --rounds alternating segments, each after a 0.5 s warm-up and its first completed request)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternating segments per scenario: direct/gateway, then "
                              "gateway/direct, ... (default 2)")

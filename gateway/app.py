@@ -25,6 +25,7 @@ from gateway.api import (admin, admin_keys, openai_models, ops, stored_responses
                          unknown_route)
 from gateway.api.admin_view import AdminView
 from gateway.api.generation import GenerationEndpoint
+from gateway.api.intake import Admitted
 from gateway.balance.ledger import InProcessLedger, LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import make_policy
@@ -61,9 +62,12 @@ from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.adapter_loader import AdapterLoader
 from gateway.fleet.replica import Replica
 from gateway.fleet.served_names import NameRefresher
-from gateway.metrics import CanaryMetrics, make_metrics
+from gateway.canary.metrics import CanaryMetrics
+from gateway.metrics import make_metrics
+from gateway.migrate.metrics import MigrationMetrics
+from gateway.migrate.migrator import Migrator
 from gateway.protocol import openai as openai_protocol
-from gateway.protocol import pooling, responses
+from gateway.protocol import anthropic, pooling, responses
 from gateway.protocol import tgi as tgi_protocol
 from gateway.protocol.errors import Api, GatewayError
 from gateway.protocol.request import Context, GenerationRequest
@@ -148,6 +152,7 @@ class Gateway:
                                   PrefillMetrics(self.metrics),
                                   ObjectiveMetrics(self.metrics, self.placer.latency,
                                                    self.placer.queued_by_priority),
+                                  MigrationMetrics(self.metrics, self.models),
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -168,6 +173,10 @@ class Gateway:
         self.probe_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.relay = Relay(self.upstream, self.settings.timeouts, self.outcomes)
+        # A stream that breaks after its first token goes on on another replica (migrate/).
+        self.relay.migrator = Migrator(self.settings.migration, self.placer, self.relay.send,
+                                       self.upstream, self.settings.timeouts, self.outcomes,
+                                       self.retry_budget)
         prefiller = Prefiller(self.placer, self.upstream, self.settings.timeouts, self.outcomes,
                               self.retry_budget, self.settings.retries.max_attempts)
         self.attempts = Attempts(self.placer, self.relay, self.retry_budget,
@@ -317,9 +326,24 @@ GENERATION_ROUTES: dict[str, tuple[Api, Callable[[bytes], GenerationRequest]]] =
     "/generate_stream": (Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=True)),
     "/": (Api.TGI, lambda raw: tgi_protocol.parse_generate(raw, stream=None)),
     responses.PATH: (Api.OPENAI, responses.parse_responses),
+    anthropic.PATH: (Api.ANTHROPIC, anthropic.parse_messages),
+    anthropic.COUNT_TOKENS_PATH: (Api.ANTHROPIC, anthropic.parse_count_tokens),
     # vLLM's routes that generate nothing (embeddings, score, rerank, tokenize ...).
     **{path: (Api.OPENAI, parse) for path, parse in pooling.PARSERS.items()},
 }
+
+
+def _count_tokens(admitted: Admitted) -> bytes | None:
+    """Anthropic's count_tokens, counted by the gateway when it has the model's tokenizer
+    (exact, and no engine's time); else an engine that serves it counts."""
+    tokenizer = admitted.model.tokenizer
+    return None if tokenizer is None else anthropic.count_tokens(admitted.request, tokenizer)
+
+
+# Routes the gateway answers itself where it can (the HTTP edge only: the endpoint picker
+# sends every request to an engine).
+LOCAL_ANSWERS: dict[str, Callable[[Admitted], bytes | None]] = {
+    anthropic.COUNT_TOKENS_PATH: _count_tokens}
 
 
 def create_app(settings: Settings,
@@ -346,7 +370,7 @@ def create_app(settings: Settings,
     app.state.admin = gateway.admin_view()
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, unknown_route.routing_error)
-    endpoints = {path: GenerationEndpoint(gateway, api, path, parse)
+    endpoints = {path: GenerationEndpoint(gateway, api, path, parse, LOCAL_ANSWERS.get(path))
                  for path, (api, parse) in GENERATION_ROUTES.items()}
     for path, endpoint in endpoints.items():  # for FastAPI's 405 on other methods
         app.router.routes.append(Route(path, endpoint, methods=["POST"]))

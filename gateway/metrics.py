@@ -1,4 +1,7 @@
-"""Every Prometheus metric the gateway exports, in one place (prefix ``llm_gateway_``).
+"""The gateway's Prometheus metrics (prefix ``llm_gateway_``): the request path's, the
+replicas', the keys' and shared state's. A package with metrics of its own keeps them beside
+it on the same registry (``gateway/canary/metrics.py``, ``gateway/migrate/metrics.py``,
+``gateway/dataplane/prefill_metrics.py``, ``gateway/access/metrics.py``).
 
 Label values come only from configuration (model, pool, replica, engine), the API and fixed
 sets (status class, reasons, error kinds, replica states), never from client input, so a
@@ -39,6 +42,7 @@ from prometheus_client.registry import Collector
 from gateway.balance.ledger import LoadLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.protocol.errors import Api
+from gateway.protocol.reasons import KEY_REFUSALS, REFUSALS, Reason
 from gateway.protocol.usage import Usage
 from gateway.upstream.failure import RETRY_KINDS, UPSTREAM_ERROR_KINDS, FailureKind
 
@@ -63,14 +67,6 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.0
 # set: /v1/completions, /v1/embeddings, /generate ...).
 REPLICA_LABELS = ("model", "pool", "replica", "engine", "api", "role", "base", "route")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
-# Started at 0 (with the label values from configuration); see the module docstring.
-REJECTION_REASONS = ("bad_request", "context_length", "unknown_model", "no_replica",
-                     "overloaded", "queue_full", "draining", "unauthorized", "forbidden",
-                     "rate_limited", "shed", "objective_unattainable",
-                     "priority_not_allowed")
-# Why an API key's request was refused (per key; unauthorized has no key: key="").
-KEY_REJECTION_REASONS = ("forbidden", "rate_limited", "queue_full", "overloaded", "shed",
-                         "priority_not_allowed")
 
 
 def status_class(status: int) -> str:
@@ -276,7 +272,7 @@ class GatewayMetrics:
                 requests={c: self.requests.labels(*labels, c) for c in STATUS_CLASSES})
         return bound
 
-    def reject(self, model: str, api: Api, reason: str) -> None:
+    def reject(self, model: str, api: Api, reason: Reason) -> None:
         self.rejections.labels(model, api.value, reason).inc()
 
     def upstream_error(self, replica: Replica, kind: FailureKind) -> None:
@@ -304,7 +300,7 @@ class GatewayMetrics:
             if usage.completion_tokens:
                 self.key_generation_tokens.labels(key, model).inc(usage.completion_tokens)
 
-    def key_rejected(self, key: str, model: str, reason: str) -> None:
+    def key_rejected(self, key: str, model: str, reason: Reason) -> None:
         self.key_rejections.labels(key, model, reason).inc()
 
     def key_queued(self, key: str, model: str, seconds: float) -> None:
@@ -317,7 +313,7 @@ class GatewayMetrics:
             for model in models:
                 self.key_requests.labels(key, model)
                 self.key_queue_time.labels(key, model)
-                for reason in KEY_REJECTION_REASONS:
+                for reason in KEY_REFUSALS:
                     self.key_rejections.labels(key, model, reason)
 
     def start_at_zero(self, models: Iterable[str]) -> None:
@@ -325,7 +321,7 @@ class GatewayMetrics:
         for model in models:
             for api in Api:
                 self._queued[(model, api)] = self.queue_time.labels(model, api.value)
-                for reason in REJECTION_REASONS:
+                for reason in REFUSALS:
                     self.rejections.labels(model, api.value, reason)
 
     def _replica_series_at_zero(self) -> None:
@@ -495,89 +491,3 @@ class SharedStateMetrics:
             "llm_gateway_shared_view_in_flight_requests",
             "Fleet-wide in-flight requests of the replica as this instance's balancer sees them.",
             ("replica",), multiprocess_mode="livemostrecent", registry=registry)
-
-
-class AccessMetrics:
-    """API key limits shared through Redis (``auth`` and ``redis_url`` set)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.shared_up = Gauge("llm_gateway_access_limits_shared_up",
-                               "1 while API key limits are checked in Redis (shared by every "
-                               "instance); 0 while Redis is unreachable (each instance limits "
-                               "on its own, or refuses with auth.fail_closed).",
-                               multiprocess_mode="livemin", registry=registry)
-        self.shared_failures = Counter("llm_gateway_access_limits_shared_failures",
-                                       "Admissions or settlements of API key limits that Redis "
-                                       "did not answer.", registry=registry)
-
-
-class CanaryMetrics:
-    """Canary comparison (gateway/canary): pool weights, shadow copies, output agreement.
-    Per-request series of shadow copies are the ordinary ones with ``role="shadow"``."""
-
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        r = registry or CollectorRegistry()  # metrics off: counted nowhere visible
-        self.pool_weight = Gauge("llm_gateway_pool_weight",
-                                 "Weight of the pool in its model's traffic split (configured, "
-                                 "or set at run time).", ("model", "pool"),
-                                 multiprocess_mode="livemostrecent", registry=r)
-        self.shadow_skipped = Counter("llm_gateway_shadow_skipped",
-                                      "Shadow copies not sent, by reason (in_flight_limit: "
-                                      "canary.max_shadow_in_flight reached; no_slot: every "
-                                      "replica of the shadow pool at its in-flight limit; "
-                                      "rejected: no replica of the shadow pool can take it).",
-                                      ("model", "pool", "reason"), registry=r)
-        self.verdict = Gauge("llm_gateway_canary_verdict",
-                             "The canary guard's last judgment per metric (metric=\"verdict\": "
-                             "overall): -1 insufficient data, 0 pass, 1 marginal, 2 fail.",
-                             ("model", "baseline", "canary", "metric"),
-                             multiprocess_mode="livemostrecent", registry=r)
-        self.score = Gauge("llm_gateway_canary_score", "The canary guard's last score (0-100; "
-                           "NaN while data is insufficient).", ("model", "baseline", "canary"),
-                           multiprocess_mode="livemostrecent", registry=r)
-        self.agreement = Gauge("llm_gateway_canary_agreement_ratio",
-                               "The canary guard's last judged output agreement of a shadow "
-                               "pool (metric: agreement or prefix_agreement; bound: estimate, "
-                               "low and high of its interval, required: the floor or the "
-                               "reference's agreement less the allowed drop).",
-                               ("model", "baseline", "canary", "metric", "bound"),
-                               multiprocess_mode="livemostrecent", registry=r)
-        self.rollbacks = Counter("llm_gateway_canary_rollbacks",
-                                 "Canary pools whose weight the automatic guard set to 0 "
-                                 "after a failing verdict.", ("model", "pool"), registry=r)
-        self.pairs = Counter("llm_gateway_shadow_pairs",
-                             "Primary/shadow pairs whose generated texts were compared, by "
-                             "result (agreed: the same text) and greedy (temperature 0).",
-                             ("model", "pool", "greedy", "result"), registry=r)
-        self.prefix_agreed = Counter("llm_gateway_shadow_pairs_prefix_agreed",
-                                     "Compared pairs whose texts agree on their first "
-                                     "canary.judge.agreement.prefix_chars characters (the "
-                                     "prefix agreement the verdict judges).",
-                                     ("model", "pool", "greedy"), registry=r)
-        self.pairs_dropped = Counter("llm_gateway_shadow_pairs_dropped",
-                                     "Primary/shadow pairs not compared, by reason.",
-                                     ("model", "pool", "reason"), registry=r)
-        self.common_prefix = Histogram("llm_gateway_shadow_common_prefix_ratio",
-                                       "Common prefix of the two texts of a compared pair, as "
-                                       "a share of the longer one (1 = identical).",
-                                       ("model", "pool"), buckets=PREFIX_RATIO_BUCKETS,
-                                       registry=r)
-
-    def weight(self, model: str, pool: str, weight: float) -> None:
-        self.pool_weight.labels(model, pool).set(weight)
-
-    def start_at_zero(self, model: str, pool: str) -> None:
-        """Series of a shadow pool that a healthy canary never increments."""
-        for reason in SHADOW_SKIP_REASONS:
-            self.shadow_skipped.labels(model, pool, reason)
-        for reason in PAIR_DROP_REASONS:
-            self.pairs_dropped.labels(model, pool, reason)
-        for greedy in ("true", "false"):
-            self.prefix_agreed.labels(model, pool, greedy)
-            for result in ("agreed", "disagreed"):
-                self.pairs.labels(model, pool, greedy, result)
-
-
-PREFIX_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
-SHADOW_SKIP_REASONS = ("in_flight_limit", "no_slot", "rejected")
-PAIR_DROP_REASONS = ("too_long", "primary_failed", "shadow_failed")

@@ -7,18 +7,25 @@ import pytest
 from gateway.sim.model_dir import write_model_dir
 from gateway.tokens import ModelTokenizer
 
-REAL_ENGINES = Path(__file__).parent / "real_engines"
+REAL_ENGINES_ID = "tests/real_engines/"  # node ids start from the checkout
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For make test's ``--dist loadgroup``: each file's tests on one worker (its module
-    fixtures start its servers once), and every real-engine file on one worker, one after
-    the other: two at once put four vLLM engines on two cores, and their timed checks
-    failed (a fresh-clone run: KV-event routing, a drain, a kill)."""
-    for item in items:
-        path = Path(item.path)
-        group = "real-engines" if REAL_ENGINES in path.parents else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """For make test's workers: each file's tests on one worker (its module fixtures start
+    its servers once), and every real-engine file on one worker, one after the other: two at
+    once put four vLLM engines on two cores, and their timed checks failed (a fresh-clone
+    run: KV-event routing, a drain, a kill). Our own grouping, not ``--dist loadgroup``'s
+    marks: xdist 3.8 names a mark's group in ``item._nodeid``, which pytest 9.2 no longer
+    reads, so every test was its own group (real-engine modules ran on both workers at once,
+    and a module's engines were started once per worker)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "real-engines" if path.startswith(REAL_ENGINES_ID) else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")

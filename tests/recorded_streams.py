@@ -13,6 +13,7 @@ else ``(None, token events)``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,15 @@ def as_the_client_asked(engine_sent: bytes, wants_usage: bool) -> bytes:
         events = [e[:-1] + stamp if b'"finish_reason":"' in e and b'"system_fingerprint"' not in e
                   else e for e in events]
     return b"".join(e + b"\n\n" for e in events)
+
+
+_TOKEN_IDS = re.compile(rb'"(prompt_token_ids|token_ids)":\[[0-9, ]*\]')
+
+
+def without_token_ids(engine_sent: bytes) -> bytes:
+    """What a client that did not ask vLLM for token ids gets of a stream the gateway asked
+    them for on its behalf (migration): ``null`` where the ids were, as vLLM writes them."""
+    return _TOKEN_IDS.sub(rb'"\1":null', engine_sent)
 
 
 def _sglang_completion(texts: list[str], prompt: int) -> tuple[bytes, bytes]:

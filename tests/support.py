@@ -207,6 +207,17 @@ def sim(dialect: str = "vllm", model: str = "sim-model", max_model_len: int = 40
 
 
 @contextlib.contextmanager
+def sim_process(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A simulated vLLM replica of ``sim-model`` (window 4096) on a free loopback port, with
+    ``extra`` flags; yields its base URL and its process (to kill or stop it)."""
+    port = free_port()
+    with running(["sim", "--dialect", "vllm", "--port", str(port), "--model", "sim-model",
+                  "--max-model-len", "4096", *extra],
+                 f"http://127.0.0.1:{port}/health") as proc:
+        yield f"http://127.0.0.1:{port}", proc
+
+
+@contextlib.contextmanager
 def gateway_server(config_dir: Path, config: dict, ready_path: str = "/ready",
                    *extra_args: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """``llm-gateway serve`` with ``config`` (a settings dict); yields (base URL, process)."""

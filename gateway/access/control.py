@@ -22,7 +22,8 @@ from gateway.access.redis_limits import RedisLimiter
 from gateway.access.redis_store import RedisKeyStore
 from gateway.access.store import KeyConflict, KeyStore, LocalStore
 from gateway.config import AuthConfig, KeyLimits, ObjectiveConfig, Settings
-from gateway.metrics import AccessMetrics, GatewayMetrics
+from gateway.access.metrics import AccessMetrics
+from gateway.metrics import GatewayMetrics
 from gateway.shared.redis_keys import SharedKeys
 from gateway.balance.redis_ledger import instance_id
 from gateway.shared.sync import connect

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.reasons import Reason
 
 
 class InvalidApiKey(GatewayError):
@@ -15,7 +16,7 @@ class InvalidApiKey(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "unauthorized"
     code = "invalid_api_key"
-    reason = "unauthorized"
+    reason = Reason.UNAUTHORIZED
 
     def __init__(self, given: bool) -> None:
         # Never echo what was sent: it may be a real secret with a typo.
@@ -29,7 +30,7 @@ class ModelNotAllowed(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "forbidden"
     code = "model_not_allowed"
-    reason = "forbidden"
+    reason = Reason.FORBIDDEN
 
     def __init__(self, key: str, model: str) -> None:
         super().__init__(f"The API key `{key}` may not use the model `{model}`.", param="model")
@@ -43,7 +44,7 @@ class RateLimited(GatewayError):
     openai_type = "requests"  # OpenAI's own type for rate limits
     tgi_type = "overloaded"
     code = "rate_limit_exceeded"
-    reason = "rate_limited"
+    reason = Reason.RATE_LIMITED
 
     def __init__(self, message: str, retry_after: float, headers: dict[str, str]) -> None:
         retry_after = max(retry_after, 0.001)
@@ -61,7 +62,7 @@ class LimitsUnavailable(GatewayError):
     openai_type = "server_error"
     tgi_type = "overloaded"
     code = "limits_unavailable"
-    reason = "rate_limited"
+    reason = Reason.RATE_LIMITED
 
     def __init__(self) -> None:
         super().__init__("rate limits cannot be checked right now; retry shortly",

@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.api.admin_view import AdminView, admin_view
 from gateway.canary.verdict_plan import CanaryError, judge_records, plan, since
-from gateway.config import Engine, Role
+from gateway.config import Engine
 from gateway.fleet.replica import Replica
+from gateway.fleet.role import Role
 
 router = APIRouter(prefix="/admin")
 
@@ -69,7 +70,7 @@ class NewReplica(BaseModel):
     pool: str | None = None  # default: the model's first pool
     name: str | None = Field(None, min_length=1, max_length=200)
     max_model_len: int | None = Field(None, ge=1)
-    role: Role = "both"
+    role: Role = Role.BOTH
 
 
 def _describe(view: AdminView, replica: Replica) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from gateway.balance.ledger import ReplicaLoad
 from gateway.canary.agreement import Agreement
 from gateway.canary.sample_source import SampleSource
 from gateway.canary.weights import PoolWeights
-from gateway.config import CanaryConfig
+from gateway.canary.config import CanaryConfig
 from gateway.fleet.membership import Fleet
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from gateway.api.uvicorn_cycle import DisconnectWatch, body_is_in, httptools_cycle
 from gateway.protocol.errors import InvalidRequest
+from gateway.protocol.reasons import Reason
 
 Receive = Callable
 
@@ -24,14 +25,14 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 class BodyTooLarge(InvalidRequest):
     status = 413
-    reason = "body_too_large"
+    reason = Reason.BODY_TOO_LARGE
 
 
 class SlowClient(InvalidRequest):
     """The body did not arrive in time: a client trickling bytes cannot pin a slot."""
 
     status = 408
-    reason = "slow_client"
+    reason = Reason.SLOW_CLIENT
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the request body did not arrive within {seconds:g}s")

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Callable
 
 from gateway.api.client_connection import cancel_on_disconnect, read_body
 from gateway.api.client_sink import open_stream, send_whole
-from gateway.api.intake import (Gate, Headers, HeadersTooLarge, admit, model_label_of,
-                                new_request_id, read_headers)
+from gateway.api.intake import (Admitted, Gate, Headers, HeadersTooLarge, admit,
+                                model_label_of, new_request_id, read_headers)
 from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
 from gateway.protocol.errors import Api, GatewayError
+from gateway.protocol.reasons import PLACEMENT_REFUSALS
 from gateway.protocol.request import GenerationRequest
 
 if TYPE_CHECKING:
@@ -50,14 +51,18 @@ async def send_error(send: Send, error: GatewayError, api: Api, request_id: str,
 
 
 class GenerationEndpoint:
-    """One generation route: ``parse`` turns the body into a GenerationRequest."""
+    """One generation route: ``parse`` turns the body into a GenerationRequest; ``local``,
+    given an admitted request, answers it without an engine where the gateway can (a body;
+    None: an engine answers)."""
 
     def __init__(self, gateway: Serving, api: Api, route: str,
-                 parse: Callable[[bytes], GenerationRequest]) -> None:
+                 parse: Callable[[bytes], GenerationRequest],
+                 local: Callable[[Admitted], bytes | None] | None = None) -> None:
         self.gateway = gateway
         self.api = api
         self.route = route
         self.parse = parse
+        self.local = local
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = time.perf_counter()
@@ -101,6 +106,17 @@ class GenerationEndpoint:
             return  # the client left before sending its whole body
         request, context, model, grant = (admitted.request, admitted.context, admitted.model,
                                           admitted.grant)
+        try:
+            answer = self.local(admitted) if self.local is not None else None
+        except GatewayError as error:
+            grant.settle(None)
+            await self._reject(send, error, record)
+            return
+        if answer is not None:
+            record.status = 200
+            grant.settle(None)  # no tokens generated: the key's reservation goes back
+            await send_whole(send, 200, [JSON, (b"x-request-id", request_id.encode())], answer)
+            return
         reply: "Reply | None" = None
         watch = cancel_on_disconnect(receive)
         try:
@@ -109,7 +125,7 @@ class GenerationEndpoint:
                     reply = await gateway.attempts.serve(request, context, model,
                                                          admitted.admission, record)
                 except GatewayError as error:
-                    if error.reason in _GATEWAY_REASONS:
+                    if error.reason in PLACEMENT_REFUSALS:
                         record.refusal = Refusal(error.reason, model.name, request.api)
                     record.status = error.status_for(request.api)
                     await send_error(send, error, request.api, request_id, grant.headers)
@@ -146,8 +162,3 @@ class GenerationEndpoint:
         record.status = error.status_for(api)
         await send_error(send, error, api, record.request_id)
 
-
-# Errors the gateway answers itself after admission (counted as rejections); the engines'
-# own errors are counted as upstream errors by the relay.
-_GATEWAY_REASONS = frozenset({"overloaded", "queue_full", "no_replica", "shed",
-                              "objective_unattainable"})

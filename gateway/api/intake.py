@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple, Protocol
 
 from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
-from gateway.flow.objective import (NO_HEADERS, PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER,
-                                    TTFT_HEADER, ObjectiveHeaders, resolve)
+from gateway.flow.objective import (LLMD_TPOT_HEADER, LLMD_TTFT_HEADER, NO_HEADERS,
+                                    PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER, TTFT_HEADER,
+                                    ObjectiveHeaders, resolve)
 from gateway.protocol.errors import Api, Draining, InvalidRequest
+from gateway.protocol.reasons import Reason
 from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
-                                     GenerationRequest)
+                                      GenerationRequest)
 
 if TYPE_CHECKING:
     from gateway.access.control import AccessControl, Grant
@@ -34,7 +36,7 @@ def new_request_id() -> str:
 
 class HeadersTooLarge(InvalidRequest):
     status = 431
-    reason = "headers_too_large"
+    reason = Reason.HEADERS_TOO_LARGE
 
 
 class Headers(NamedTuple):
@@ -49,7 +51,9 @@ class Headers(NamedTuple):
     objective: ObjectiveHeaders = NO_HEADERS  # x-gateway-priority, x-slo-*
 
 
-_OBJECTIVE_HEADERS = {PRIORITY_HEADER: 0, TTFT_HEADER: 1, TPOT_HEADER: 2, STRICT_HEADER: 3}
+# Each objective header's place in ObjectiveHeaders; the objectives' names come 3 places on.
+_OBJECTIVE_HEADERS = {PRIORITY_HEADER: 0, TTFT_HEADER: 1, TPOT_HEADER: 2, STRICT_HEADER: 3,
+                      LLMD_TTFT_HEADER: 1, LLMD_TPOT_HEADER: 2}
 
 
 def read_headers(scope: dict) -> Headers:
@@ -59,7 +63,7 @@ def read_headers(scope: dict) -> Headers:
     the request is refused before anything is read or reserved.
     """
     request_id = session = pool = authorization = traceparent = tracestate = None
-    objective: list[bytes | None] | None = None
+    objective: list | None = None
     size = 0
     for key, value in scope["headers"]:
         size += len(key) + len(value)
@@ -73,13 +77,18 @@ def read_headers(scope: dict) -> Headers:
             pool = value[:MAX_POOL_CHARS + 1].decode("latin-1")
         elif key == b"authorization":
             authorization = value
+        elif key == b"x-api-key" and authorization is None:  # Anthropic's clients send it
+            authorization = b"Bearer " + value  # (an authorization header after it wins)
         elif key == b"traceparent":
             traceparent = value
         elif key == b"tracestate":
             tracestate = value
         elif key in _OBJECTIVE_HEADERS:
-            objective = objective or [None] * 4
-            objective[_OBJECTIVE_HEADERS[key]] = value
+            objective = objective or [*NO_HEADERS]
+            place = _OBJECTIVE_HEADERS[key]
+            objective[place] = value
+            if place in (1, 2):
+                objective[place + 3] = key
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
     return Headers(request_id or new_request_id(), session, pool, authorization, traceparent,

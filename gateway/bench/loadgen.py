@@ -103,15 +103,16 @@ async def _send(target: Target, conn: "_Conn | None", raw: bytes, record: Record
 
 async def closed_loop(target: Target, requests: Sequence[Request], users: int, *,
                       max_requests: int | None = None, duration: float | None = None,
-                      timeout: float = 300.0, on_record: OnRecord | None = None) -> Run:
+                      timeout: float = 300.0, on_record: OnRecord | None = None,
+                      stop: asyncio.Event | None = None) -> Run:
     """``users`` clients, each with one keep-alive connection, each sending its next request
     as soon as its last one ended. Requests are taken in order (cycling through ``requests``)
-    until ``max_requests`` have been sent (default ``len(requests)`` unless ``duration`` is
-    given) or ``duration`` seconds have passed; requests in flight then finish (bounded by
-    ``timeout``)."""
+    until ``max_requests`` have been sent (default ``len(requests)`` unless ``duration`` or
+    ``stop`` is given), ``duration`` seconds have passed or ``stop`` is set; requests in
+    flight then finish (bounded by ``timeout``)."""
     if users < 1 or not requests:
         raise ValueError("need at least one user and one request")
-    if max_requests is None and duration is None:
+    if max_requests is None and duration is None and stop is None:
         max_requests = len(requests)
     raw = [target.encode(r) for r in requests]
     records: list[Record] = []
@@ -124,7 +125,7 @@ async def closed_loop(target: Target, requests: Sequence[Request], users: int, *
         conn = None
         while True:
             now = _now()
-            if now >= deadline:
+            if now >= deadline or stop is not None and stop.is_set():
                 break
             i = next(counter)
             if i >= limit:

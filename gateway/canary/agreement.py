@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.canary.samples import PairSample, SampleBook
-from gateway.metrics import CanaryMetrics
+from gateway.canary.metrics import CanaryMetrics
 from gateway.protocol.errors import Api
 from gateway.protocol.request import GenerationRequest
 
@@ -34,7 +34,7 @@ SHOWN_CHARS = 500  # of each output, in a kept disagreement
 def is_greedy(request: GenerationRequest) -> bool:
     """Temperature 0 (OpenAI), or no sampling and no logits warper (TGI's rule)."""
     body = request.body
-    if request.api is Api.OPENAI:
+    if request.api is not Api.TGI:
         temperature = body.get("temperature")
         return isinstance(temperature, (int, float)) and temperature == 0
     p = body.get("parameters")
@@ -106,6 +106,15 @@ class TextCollector:
             else:
                 self.failed = True
             return
+        if self.api is Api.ANTHROPIC:
+            blocks = payload.get("content") if isinstance(payload, dict) else None
+            if not isinstance(blocks, list):
+                self.failed = True
+                return
+            for block in blocks:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    self._add(0, block.get("text"))
+            return
         choices = payload.get("choices") if isinstance(payload, dict) else None
         if not isinstance(choices, list):
             self.failed = True
@@ -138,6 +147,11 @@ class TextCollector:
     def _event(self, event: dict[str, Any]) -> None:
         if "error" in event:
             self.failed = True
+            return
+        if self.api is Api.ANTHROPIC:
+            delta = event.get("delta")
+            if event.get("type") == "content_block_delta" and isinstance(delta, dict):
+                self._add(0, delta.get("text"))
             return
         if self.api is Api.TGI:
             if event.get("generated_text") is not None:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from gateway.canary.samples import PairSample
 from gateway.canary.stats import proportion_difference, score_test, two_proportions, wilson
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 
 AGREEMENT_METRICS = {"agreement": "agreed", "prefix_agreement": "prefix_agreed"}
 

@@ -26,9 +26,9 @@ from gateway.canary.verdict import GAUGE_CODES
 from gateway.canary.verdict_plan import CanaryError, Plan, canaries, judge_records, plan, since
 from gateway.canary.sample_source import SampleSource
 from gateway.canary.weights import PoolWeights
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 from gateway.fleet.model import ServedModel
-from gateway.metrics import CanaryMetrics
+from gateway.canary.metrics import CanaryMetrics
 
 log = logging.getLogger(__name__)
 

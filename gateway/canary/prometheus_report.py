@@ -37,7 +37,7 @@ from gateway.canary.agreement_metric import AGREEMENT_METRICS, judge_agreement
 from gateway.canary.verdict import (EXIT_CODES, LATENCY_METRICS, classify_change,
                                   judge_error_counts, latency_header, score)
 from gateway.canary.stats import bucket_of, median_change_grouped, mann_whitney_grouped
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 
 HISTOGRAMS = {"ttft": "llm_gateway_time_to_first_token_seconds",
               "itl": "llm_gateway_inter_token_latency_seconds",

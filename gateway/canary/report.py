@@ -171,7 +171,8 @@ def _agreement_notes(result: dict[str, Any]) -> list[str]:
 
 def from_prometheus(args: argparse.Namespace) -> dict[str, Any]:
     from gateway.canary.prometheus_report import Prometheus, judge_from_prometheus
-    from gateway.config import CanaryJudgeConfig, load_settings
+    from gateway.canary.config import CanaryJudgeConfig
+    from gateway.config import load_settings
 
     config = load_settings(args.config).canary.judge if args.config else CanaryJudgeConfig()
     return judge_from_prometheus(Prometheus(args.prometheus), args.model, args.baseline,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from gateway.canary.agreement import Agreement, Pair, TextCollector, is_greedy
 from gateway.dataplane.outcome import RequestRecord
 from gateway.fleet.model import Pool, ServedModel
-from gateway.metrics import CanaryMetrics
+from gateway.canary.metrics import CanaryMetrics
 from gateway.protocol.errors import GatewayError, Overloaded
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.responses import PATH as RESPONSES

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from gateway.canary.agreement_metric import AGREEMENT_METRICS, judge_agreement, pair_counts
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 
 # metric -> (sample field, +1 if higher is worse, -1 if lower is worse)
 LATENCY_METRICS = {"ttft": ("ttft", 1), "itl": ("itl", 1), "e2e": ("e2e", 1),

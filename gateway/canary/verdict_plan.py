@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from gateway.canary.verdict import EXIT_CODES, verdict
 from gateway.canary.samples import PairSample, Sample, SampleBook
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 from gateway.fleet.model import Pool, ServedModel
 
 

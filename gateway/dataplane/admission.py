@@ -105,7 +105,7 @@ class _Prompt:
 
 
 def _prompts(request: GenerationRequest, tokenizer: ModelTokenizer | None) -> list[_Prompt]:
-    body = request.body
+    body = request.as_chat if request.as_chat is not None else request.body
     if request.messages is not None:
         add_special = bool(body.get("add_special_tokens", False))
         if tokenizer is None:  # only an estimate is possible: the content itself
@@ -141,7 +141,8 @@ def _affinity(request: GenerationRequest, context: Context,
         prompt = prompts[0]
         blocks = (token_blocks(prompt.ids) if prompt.ids is not None
                   else prompt_blocks(prompt.text or ""))
-    session = context.session or request.body.get("user")
+    body = request.as_chat if request.as_chat is not None else request.body
+    session = context.session or body.get("user")
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION_CHARS:
         session = None
     return blocks, session

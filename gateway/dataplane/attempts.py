@@ -29,6 +29,7 @@ from gateway.dataplane.reply import Reply
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.role import Role
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.request import Context, GenerationRequest
 from gateway.upstream.failure import FailureKind
@@ -62,7 +63,7 @@ class Attempts:
                                                 caller=context.caller,
                                                 objective=context.objective,
                                                 streamed=request.stream)
-            if placement.replica.role != "decode":
+            if placement.replica.role is not Role.DECODE:
                 prefill = None
             elif prefill is None and self.prefiller is not None:
                 try:
@@ -82,7 +83,7 @@ class Attempts:
                 if failure is not FailureKind.CONNECT:  # the decode engine may have taken it
                     prefill = None
                 if (failure is None or not failure.retryable or len(tried) >= self.max_attempts
-                        or not any(r.available and r not in tried and r.role != "prefill"
+                        or not any(r.available and r not in tried and r.role.answers
                                    for r in admission.replicas)
                         or not self.budget.try_spend()):
                     raise

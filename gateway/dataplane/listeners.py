@@ -8,6 +8,7 @@ from gateway.dataplane.outcome import Attempt, Listener, Prefill, RequestRecord
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.response_homes import ResponseHomes
 from gateway.metrics import GatewayMetrics, status_class
+from gateway.protocol.reasons import Reason
 
 
 class RequestMetrics(Listener):
@@ -27,7 +28,7 @@ class RequestMetrics(Listener):
         metrics = self.metrics
         meter = metrics.for_replica(attempt.replica, attempt.request.api, attempt.role,
                                     attempt.placement.name, attempt.request.path)
-        if attempt.sent_at:
+        if attempt.sent_at and attempt.migration is None:  # (a continuation's is not ours)
             meter.overhead.observe(attempt.sent_at - attempt.arrival)
         placement = attempt.placement
         if placement.queued_for:
@@ -60,7 +61,7 @@ class RequestMetrics(Listener):
             self.metrics.reject(refusal.model, refusal.api, refusal.reason)
             if key is not None:
                 self.metrics.key_rejected(key, refusal.model, refusal.reason)
-            elif refusal.reason == "unauthorized":
+            elif refusal.reason == Reason.UNAUTHORIZED:
                 self.metrics.key_rejected("", refusal.model, refusal.reason)
         if key is not None and record.admitted_at:  # admitted: its grant was settled
             self.metrics.key_done(key, record.model, record.usage)  # type: ignore[arg-type]
@@ -102,7 +103,8 @@ class CanarySamples(Listener):
             self.samples.failed(replica.model, replica.pool)
         elif attempt.answered and attempt.status < 400:
             decode = attempt.decode
-            ttft = None if attempt.first_at is None else attempt.first_at - attempt.arrival
+            ttft = None if attempt.first_at is None or attempt.migration is not None \
+                else attempt.first_at - attempt.arrival  # (a continuation's is not a TTFT)
             self.samples.served(replica.model, replica.pool, ttft,
                                 None if decode is None else decode[0],
                                 attempt.ended_at - attempt.arrival,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from gateway.protocol.errors import Api
+from gateway.protocol.reasons import Reason
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
 from gateway.upstream.failure import FailureKind
@@ -55,6 +56,11 @@ class Attempt:
     usage: Usage = field(default_factory=Usage)
     trace: Any = None  # tracing's span of it (None: tracing off)
     prefill: "Prefill | None" = None  # disaggregated: the prefill whose KV it decodes from
+    # A stream that broke after its first token (gateway.migrate): why ("disconnect",
+    # "error_event", "stall", "timeout"), and, when it did not go on elsewhere, why not.
+    broke: str | None = None
+    not_continued: str | None = None
+    migration: "Migration | None" = None  # it continues a stream another attempt broke
 
     @property
     def replica(self) -> "Replica":
@@ -98,6 +104,20 @@ class Attempt:
         self.status, self.error, self.ended_at = status, error, time.perf_counter()
 
 
+@dataclass(slots=True)
+class Migration:
+    """What a continuation attempt continues: the attempt whose stream broke, and how many
+    of the tokens generated before it the continuation's prompt ends with. ``exact`` until
+    it generated other tokens than the client had (sampling; ``gateway.migrate``)."""
+
+    broken: Attempt
+    carried: int
+    exact: bool = True
+
+    def inexact(self) -> None:
+        self.exact = False
+
+
 @dataclass(slots=True, eq=False)
 class Prefill:
     """One prefill of a request on a prefill replica; times are ``time.perf_counter()``."""
@@ -124,7 +144,7 @@ class Refusal:
     """The gateway answered the request itself with an error: why (a fixed reason), and the
     model and protocol its metrics count it under (only served names become labels)."""
 
-    reason: str
+    reason: Reason
     model: str
     api: Api
 
@@ -168,6 +188,17 @@ class RequestRecord:
     def queued_for(self) -> float:
         """Seconds waited for a free replica slot, over all attempts."""
         return sum(a.placement.queued_for for a in self.attempts)
+
+    @property
+    def retries(self) -> int:
+        """Attempts that failed before any byte reached the client and were tried again."""
+        return sum(a.retried for a in self.attempts)
+
+    @property
+    def first_token_at(self) -> float | None:
+        """The client's first token: the first attempt's that had one (retries before it had
+        none; a continuation's comes later, gateway.migrate)."""
+        return next((a.first_at for a in self.attempts if a.first_at is not None), None)
 
 
 class Listener:

@@ -32,6 +32,7 @@ from gateway.flow.objective import DEFAULT_OBJECTIVE, Objective
 from gateway.flow.saturation import Saturation
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.role import Role
 from gateway.dataplane.admission import Admission
 from gateway.protocol.errors import (NoReplicaAvailable, ObjectiveUnattainable, Overloaded,
                                      QueueFull, Shed)
@@ -158,12 +159,12 @@ class Placer:
         """ids of the replicas that could take the request now (raises if none ever can)."""
         if prefill_for is None:  # the replica that answers: any but a prefill-only one
             available = [r for r in admission.replicas
-                         if r.available and r not in exclude and r.role != "prefill"]
+                         if r.available and r not in exclude and r.role.answers]
             if key is not None:  # a sticky client waits for a slot in its pool, never leaves it
                 available = self.split.own_pool(model.pools, available, key)
         else:
             available = [r for r in admission.replicas
-                         if r.available and r not in exclude and r.role == "prefill"
+                         if r.available and r not in exclude and r.role is Role.PREFILL
                          and r.pool == prefill_for.pool]
         if not available:
             raise NoReplicaAvailable(f"no available {'prefill ' if prefill_for else ''}"

@@ -45,7 +45,7 @@ class Tap(Protocol):
 
 
 class Stream(Protocol):
-    """The rest of a streamed reply (``gateway.dataplane.relay.RelayedStream``)."""
+    """The rest of a streamed reply (``gateway.dataplane.relayed_stream.RelayedStream``)."""
 
     def attach(self, sink: Sink) -> None:
         """Forward to ``sink`` from now on, what arrived since the first token first."""

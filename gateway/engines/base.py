@@ -86,6 +86,10 @@ class Engine:
     pooling_routes: frozenset[str] = frozenset()
     tgi_routes: frozenset[str] = frozenset()  # TGI-protocol routes (TGI's own /tokenize)
     serves_responses: bool = False  # POST /v1/responses
+    # Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens); else an
+    # Anthropic client's request goes to its chat completions, translated
+    # (gateway/protocol/translate/anthropic_chat.py)
+    serves_messages: bool = False
 
     # --- KV-cache events (gateway/kvcache): reads one published payload (raises
     # MalformedBatch); None: the engine publishes none the gateway can read ---
@@ -110,6 +114,12 @@ class Engine:
         """The body (as planned for this engine) with a prefill's ``handoff``."""
         raise NotImplementedError(f"{self.title} does not disaggregate")
 
+    # --- a broken stream continued on another replica (gateway/migrate) ---
+    # It takes a prompt as token ids on /v1/completions and reports the ids of the prompt and
+    # of each chunk it streams (``return_token_ids``): a stream cut short goes on, exactly,
+    # on another engine of the kind from the ids sent so far.
+    continues: bool = False
+
     # --- a TGI client on this engine (gateway/protocol/translate/tgi_request.py) ---
     # TGI parameter -> the /v1/completions field(s) it becomes; absent or None: no
     # equivalent (the request is refused with a 422 naming it, never sent without it).
@@ -132,6 +142,7 @@ class Engine:
 
     # --- its answers (gateway/protocol/translate/tgi_response.py, generated_tokens.py) ---
     stop_reason_key: str = "matched_stop"  # a choice's field naming the stop string matched
+    reports_matched_stop: bool = False  # its chat answers carry that field
     content_logprobs: bool = False  # logprobs as chat-style `content` entries (llama.cpp)
 
     def __repr__(self) -> str:

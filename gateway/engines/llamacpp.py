@@ -48,6 +48,7 @@ class LlamaCpp(Engine):
     tgi_min_logprobs = 1
     accepts_regex_grammar = False  # JSON schemas and GBNF grammars only
     content_logprobs = True
+    serves_messages = True  # llama-server has /v1/messages and /v1/messages/count_tokens
 
 
 ENGINE = LlamaCpp()

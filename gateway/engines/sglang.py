@@ -35,6 +35,7 @@ class SGLang(Engine):
     tgi_stream_fields = "logprobs + return_token_ids"
     tgi_stop_fields = MappingProxyType({"no_stop_trim": True})
     asks_token_ids = True
+    reports_matched_stop = True  # matched_stop
 
     def grammar_fields(self, kind: str, value: Any) -> dict[str, Any]:
         if kind == "json":  # SGLang takes the schema as a JSON string

@@ -201,6 +201,7 @@ class VLLM(Engine):
     pooling_routes = frozenset({"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
                                 "/rerank", "/v1/rerank", "/tokenize", "/detokenize"})
     serves_responses = True
+    serves_messages = True  # vLLM >= 0.32 (vllm/entrypoints/anthropic/)
     decode_kv_events = staticmethod(decode_kv_batch)  # with --kv-events-config
 
     tgi_parameters = MappingProxyType({
@@ -223,6 +224,7 @@ class VLLM(Engine):
     truncates_prompt = True  # keeps the last N tokens, as TGI does
     adapter_field = "model"  # vLLM serves a LoRA adapter under its own name
     stop_reason_key = "stop_reason"
+    reports_matched_stop = True
 
     def grammar_fields(self, kind: str, value: Any) -> dict[str, Any]:
         return {"structured_outputs": {kind: value}}
@@ -241,6 +243,8 @@ class VLLM(Engine):
     def adapter_loaded(self, status: int, text: str) -> bool:
         # vLLM answers 400 "already been loaded" to a second load: it is there.
         return status == 200 or "already been loaded" in text
+
+    continues = True  # return_token_ids (>= 0.10.2) and a prompt of ids on /v1/completions
 
     # Disaggregated prefill, as vLLM's own P/D proxy drives it
     # (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py; ENGINE-WIRE.md).

@@ -2,11 +2,11 @@
 ext_proc filter asks the picker, and one cluster of the replicas whose ``override_host``
 load balancing follows the pick (``x-gateway-destination-endpoint`` in the ``envoy.lb``
 metadata, fallbacks included) and retries down its list when an endpoint fails before
-answering. On Kubernetes the Gateway implementation writes the equivalent from the
-InferencePool (deploy/kubernetes/epp/).
+answering, however many fail at once. On Kubernetes the Gateway implementation writes the
+equivalent from the InferencePool (deploy/kubernetes/epp/).
 
 ``deploy/envoy/envoy.yaml`` is this for the demo's replicas (``llm-gateway epp
---envoy-bootstrap``); a test keeps them the same."""
+--envoy-bootstrap``); tests/unit/epp/test_bootstrap.py keeps them the same."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ STREAM_IDLE_SECONDS = 300
 # Placement may queue the request (backpressure.queue_timeout): the picker's answer may
 # take that long.
 MESSAGE_TIMEOUT_SECONDS = 60
+# Envoy's default limit of requests in flight on one cluster: retries may be as many.
+MAX_REQUESTS = 1024
 
 
 def bootstrap(endpoints: list[str], listen_port: int, pickers: list[str], admin_port: int,
@@ -113,6 +115,13 @@ def _replicas(endpoints: list[str]) -> dict[str, Any]:
         "name": "replicas",
         "type": "STATIC",
         "connect_timeout": "2s",
+        # Envoy lets 3 retries be in flight on a cluster at once (its default) and fails the
+        # rest with its 503: a replica that dies sends every request placed on it before the
+        # picker learns into a retry at the same moment. These retries follow
+        # only an attempt that reached no engine (the route's retry_on), so they add no
+        # engine load: as many as there may be requests.
+        "circuit_breakers": {"thresholds": [{"priority": "DEFAULT",
+                                             "max_retries": MAX_REQUESTS}]},
         "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _address(*_split(e))}} for e in endpoints]}]},
         "load_balancing_policy": {"policies": [{"typed_extension_config": {

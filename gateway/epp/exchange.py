@@ -7,7 +7,8 @@ role: the gateway's own admission and placement pick the replica, Envoy moves th
   destination header and ``envoy.lb`` metadata, with fallbacks. A refusal is an immediate
   reply in the client's error shape, exactly the HTTP gateway's.
 - Response headers: the endpoint that served (Envoy may have retried on a fallback: the
-  reservation moves there), the status, the key's x-ratelimit-* headers added.
+  reservation moves there, and the endpoints it tried first count a failure towards outlier
+  ejection), the status, the key's x-ratelimit-* headers added.
 - The end of the ext_proc stream (Envoy closes it when the HTTP request ends, however it
   ends): the reservation is released and the key's grant settled (``close``).
 
@@ -40,6 +41,7 @@ from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.outcome import Refusal, RequestRecord
 from gateway.epp import messages, wire
 from gateway.epp.messages import BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX, NONE, STREAMED
+from gateway.fleet.role import Role
 from gateway.protocol.errors import Api, GatewayError, NoReplicaAvailable, error_from_engine
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import passes_through
@@ -73,6 +75,7 @@ class Exchange:
         self.parse: Callable[[bytes], GenerationRequest] | None = None  # None: no generation
         self.read: Headers | None = None  # what the edge read of the request headers
         self.subset: frozenset[str] | None = None  # the proxy's subset hint
+        self.endpoints: list[str] = []  # the pick, then its fallbacks, as Envoy was told
         self.body = bytearray()
         self.record: RequestRecord | None = None
         self.admitted: Admitted | None = None
@@ -118,10 +121,11 @@ class Exchange:
             self.api, self.parse = route
         if self.parse is None:  # nothing to admit or reserve: any replica that is up
             available = [endpoint_of(r) for r in self.gateway.replicas
-                         if r.available and r.role != "prefill" and self._allowed(r)]
+                         if r.available and r.role.answers and self._allowed(r)]
             if not available:
                 return [self._refuse(NoReplicaAvailable("no replica is available"), Api.OPENAI)]
-            return [wire.pick(available[:1 + self.fallbacks], body_follows=False)]
+            self.endpoints = available[:1 + self.fallbacks]
+            return [wire.pick(self.endpoints, body_follows=False)]
         arrival = time.perf_counter()
         try:
             self.read = read_headers({"headers": headers})
@@ -164,7 +168,7 @@ class Exchange:
             # Envoy sends the body as it is to one replica: only replicas that take it so
             # (no translation) and alone (no prefill/decode pair), and of those only the
             # proxy's subset, when it sent one.
-            admission.replicas = [r for r in admission.replicas if r.role == "both"
+            admission.replicas = [r for r in admission.replicas if r.role is Role.BOTH
                                   and self._allowed(r)
                                   and passes_through(request, r.engine, r.version)]
             if not admission.replicas:
@@ -179,7 +183,8 @@ class Exchange:
         except GatewayError as error:
             api = record.request.api if record.request is not None else self.api
             return [self._refuse(error, api)]
-        endpoints = [endpoint_of(placement.replica), *self._fallbacks(placement)]
+        self.endpoints = endpoints = [endpoint_of(placement.replica),
+                                      *self._fallbacks(placement)]
         capped = (None if admission.output_cap is None
                   else orjson.dumps(capped_body(request, admission.output_cap)))
         if self.buffered and body:
@@ -205,10 +210,12 @@ class Exchange:
 
     def _response_headers(self, message: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
         self.status = wire.status_of(message.response_headers.headers)
+        served = wire.served_of(message)
+        if served is not None:
+            self._tried(served)
         placement, admitted = self.placement, self.admitted
         if placement is None or admitted is None:  # not a generation request
             return [wire.response_headers()]
-        served = wire.served_of(message)
         if served is not None and served != endpoint_of(placement.replica):
             self._move(served)
         limits = [(k.decode(), v.decode()) for k, v in admitted.grant.headers]
@@ -218,6 +225,27 @@ class Exchange:
         ask = self.buffered and wanted and self.modes.response_body_mode == NONE
         return [wire.response_headers(limits, read_body_after=self.modes if ask else None,
                                       replacing=ask and self.status >= 400)]
+
+    def _tried(self, served: str) -> None:
+        """What Envoy's attempts showed of the replicas, told to outlier detection as the
+        HTTP gateway tells its own: each endpoint of the list before the one that served
+        failed before answering (Envoy retries only then), and one that answered did its
+        part. Until its health probe notices, only this keeps a dead replica from being
+        picked: every request placed on it moves away at once, so to the ledger it looks
+        idle. A 5xx counts neither way: Envoy's own 503s (its limits) look the same."""
+        outlier = self.gateway.outlier
+        failed = self.endpoints[:self.endpoints.index(served)] if served in self.endpoints else []
+        for endpoint in failed:
+            if (replica := self._replica_at(endpoint)) is not None:
+                outlier.failure(replica)
+        if self.status < 400 and (replica := self._replica_at(served)) is not None:
+            outlier.success(replica)  # (a 4xx is the request's fault, not the replica's)
+
+    def _replica_at(self, endpoint: str) -> "Replica | None":
+        placement = self.placement
+        if placement is not None and endpoint_of(placement.replica) == endpoint:
+            return placement.replica  # the usual case: served where picked
+        return next((r for r in self.gateway.replicas if endpoint_of(r) == endpoint), None)
 
     def _move(self, served: str) -> None:
         """Envoy's retry went to a fallback: the reservation follows it."""

@@ -17,6 +17,7 @@ import aiohttp
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import GatewayError
+from gateway.protocol.reasons import Reason
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class AdapterLoadFailed(GatewayError):
     openai_type = "server_error"
     tgi_type = "generation"
     code = "adapter_load_failed"
-    reason = "no_replica"
+    reason = Reason.NO_REPLICA
 
 
 class AdapterLoader:

@@ -26,7 +26,9 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
-from gateway.config import DnsConfig, Settings, parse_nameserver
+from gateway.config import Settings
+from gateway.fleet.dns_config import DnsConfig, parse_nameserver
+from gateway.fleet.role import Role
 from gateway.fleet.replica import Replica
 
 log = logging.getLogger("gateway.dns")
@@ -43,7 +45,7 @@ class DnsTarget:
     engine: str
     max_model_len: int | None = None
     prefix: str | None = None  # the entry's `name`: replicas are then called PREFIX-ADDRESS
-    role: str = "both"
+    role: Role = Role.BOTH
 
     def replica_name(self, address: str) -> str:
         return f"{self.prefix}-{address}" if self.prefix else f"{_host(address)}:{self.port}"

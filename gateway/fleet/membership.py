@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 
 from gateway.fleet.model import ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.role import Role
 
 
 class Fleet:
@@ -28,7 +29,7 @@ class Fleet:
 
     async def add_replica(self, model: str, pool: str, url: str, engine: str,
                           name: str | None = None, max_model_len: int | None = None,
-                          role: str = "both") -> Replica:
+                          role: Role = Role.BOTH) -> Replica:
         """Put a new replica into rotation: probed first."""
         served = self.models[model]
         target = next((p for p in served.pools if p.name == pool), None)

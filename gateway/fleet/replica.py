@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.engines import Engine, EngineSignals, get as engine_named
+from gateway.fleet.role import Role
 from gateway.kvcache.index import ReplicaBlocks
 
 __all__ = ["EngineSignals", "Replica", "REPLICA_STATES"]
@@ -39,17 +40,19 @@ class Replica:
     kv_events: str | None = None
     kv_replay: str | None = None
     kv_cache: ReplicaBlocks | None = field(default=None, repr=False)
-    # Disaggregated serving (gateway/dataplane/prefill.py): "prefill" engines only prefill
-    # prompts, "decode" engines answer from the KV one of those made, "both" do it all.
-    role: str = "both"
+    role: Role = Role.BOTH  # its part in disaggregated serving
+    # The last read of any of its streams (perf_counter; the relay's): an engine whose every
+    # stream went silent hangs (gateway.migrate), one whose other streams move is just slow.
+    streamed_at: float = 0.0
     profile: Engine = field(init=False, repr=False)  # what its engine is and does (engines/)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self.profile = engine_named(self.engine)
-        if self.role != "both" and not self.profile.disaggregates:
+        self.role = Role(self.role)  # (a name read from DNS, the admin API or a test)
+        if self.role is not Role.BOTH and not self.profile.disaggregates:
             raise ValueError(f"replica {self.name!r}: {self.profile.title} cannot hand a "
-                             f"prompt's KV cache to another engine (role {self.role!r})")
+                             f"prompt's KV cache to another engine (role {self.role.value!r})")
 
     @property
     def ejected(self) -> bool:

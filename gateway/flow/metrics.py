@@ -51,8 +51,8 @@ class ObjectiveMetrics(Listener):
             self.waiting.labels(model, str(band)).set(n)
 
     def ended(self, attempt: Attempt) -> None:
-        if attempt.request.shadow or not attempt.completed:
-            return
+        if attempt.request.shadow or not attempt.completed or attempt.migration is not None:
+            return  # (a continuation's first token is not the request's, gateway.migrate)
         placement = attempt.placement
         decode = attempt.decode
         tpot = decode[0] if decode is not None else None

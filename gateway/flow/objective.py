@@ -4,8 +4,9 @@ defaults, else its model's, else priority 0 and none.
 - ``x-gateway-priority``: an integer band (``gateway.balance.fair_queue``); negative bands are
   sheddable (refused with a 429 while the model's replicas are saturated). A key may not ask
   for more than its ``max_priority`` (its default priority unless set): a 403.
-- ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``: time to first token and time per output token the
-  client wants (llm-d's headers). Placement prefers a replica predicted to meet them.
+- ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` (or llm-d's ``x-llm-d-slo-ttft-ms`` /
+  ``x-llm-d-slo-tpot-ms``): time to first token and time per output token the client wants.
+  Placement prefers a replica predicted to meet them.
 - ``x-slo-strict: true``: refuse (429) instead of serving best-effort when no replica is
   predicted to meet them.
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, TypeVar
 
 from gateway.protocol.errors import GatewayError, InvalidRequest
+from gateway.protocol.reasons import Reason
 
 if TYPE_CHECKING:  # the request's own module imports this one: no config at import
     from gateway.config import ObjectiveConfig
@@ -27,6 +29,9 @@ PRIORITY_HEADER = b"x-gateway-priority"
 TTFT_HEADER = b"x-slo-ttft-ms"
 TPOT_HEADER = b"x-slo-tpot-ms"
 STRICT_HEADER = b"x-slo-strict"
+# llm-d's names for the same (its router reads both, as this gateway does).
+LLMD_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
+LLMD_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
 MAX_PRIORITY = 100  # bands are -100..100
 MAX_OBJECTIVE_MS = 3_600_000.0  # an hour
 T = TypeVar("T")
@@ -59,6 +64,8 @@ class ObjectiveHeaders(NamedTuple):
     ttft_ms: bytes | None = None
     tpot_ms: bytes | None = None
     strict: bytes | None = None
+    ttft_header: bytes = TTFT_HEADER  # the names they came under (a 400 names the one sent)
+    tpot_header: bytes = TPOT_HEADER
 
 
 NO_HEADERS = ObjectiveHeaders()
@@ -66,7 +73,7 @@ NO_HEADERS = ObjectiveHeaders()
 
 class PriorityNotAllowed(GatewayError):
     status = 403
-    reason = "priority_not_allowed"
+    reason = Reason.PRIORITY_NOT_ALLOWED
     openai_type = "permission_error"
 
 
@@ -85,9 +92,9 @@ def resolve(headers: ObjectiveHeaders, key: "ObjectiveConfig | None",
         if max_priority is not None and priority > max_priority:
             raise PriorityNotAllowed(f"this API key may not ask for a priority above "
                                      f"{max_priority} (`x-gateway-priority: {priority}`)")
-    ttft = _milliseconds(headers.ttft_ms, TTFT_HEADER) if headers.ttft_ms is not None \
+    ttft = _milliseconds(headers.ttft_ms, headers.ttft_header) if headers.ttft_ms is not None \
         else next((c.ttft_ms for c in defaults if c.ttft_ms is not None), None)
-    tpot = _milliseconds(headers.tpot_ms, TPOT_HEADER) if headers.tpot_ms is not None \
+    tpot = _milliseconds(headers.tpot_ms, headers.tpot_header) if headers.tpot_ms is not None \
         else next((c.tpot_ms for c in defaults if c.tpot_ms is not None), None)
     strict = headers.strict is not None and _flag(headers.strict, STRICT_HEADER)
     return Objective(priority, ttft, tpot, strict)

@@ -56,10 +56,15 @@ def entry(record: RequestRecord, now_wall: float, now: float) -> dict[str, Any]:
             output += attempt.usage.completion_tokens or 0
     replica = last.replica if last is not None else None
     ttft = itl = None
+    first_at = record.first_token_at
+    if first_at is not None:
+        ttft = first_at - record.arrival
     if last is not None and last.first_at is not None:
-        ttft = last.first_at - record.arrival
         decode = last.decode
         itl = decode[0] if decode is not None else None
+    # Where a stream broke and went on elsewhere: each broken attempt's replica and why.
+    migrated = [{"replica": a.replica.name, "broke": a.broke} for a in record.attempts
+                if a.broke is not None] or None
     error = record.error
     if error is None and last is not None and last.error is not None:
         error = last.error.label
@@ -79,7 +84,8 @@ def entry(record: RequestRecord, now_wall: float, now: float) -> dict[str, Any]:
         "status": record.status,
         "error": error,
         "attempts": len(record.attempts),
-        "retries": max(len(record.attempts) - 1, 0),
+        "retries": record.retries,
+        "migrated": migrated,
         "queue_wait_s": _seconds(record.queued_for),
         "ttft_s": _seconds(ttft),
         "itl_mean_s": _seconds(itl),

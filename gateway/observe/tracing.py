@@ -139,7 +139,7 @@ class Tracing(Listener):
         request = record.request
         attributes: dict[str, Any] = {
             "http.response.status_code": record.status,
-            "llm_gateway.retries": max(len(record.attempts) - 1, 0),
+            "llm_gateway.retries": record.retries,
         }
         queued = record.queued_for
         if queued:
@@ -160,8 +160,9 @@ class Tracing(Listener):
         last = record.last
         if last is not None:
             attributes.update(_usage_attributes(last))
-            if last.first_at is not None:
-                attributes["llm_gateway.ttft_s"] = last.first_at - record.arrival
+            first_at = record.first_token_at
+            if first_at is not None:
+                attributes["llm_gateway.ttft_s"] = first_at - record.arrival
         error = record.error or (last.error.label if last is not None and last.error else None)
         if error is not None:
             attributes["error.type"] = error
@@ -228,6 +229,10 @@ class Tracing(Listener):
             if attempt.error is not None:
                 attributes["error.type"] = attempt.error.label
                 span.set_status(Status(StatusCode.ERROR, attempt.error.label))
+            if attempt.broke is not None:  # its stream broke after its first token
+                attributes["llm_gateway.stream_broke"] = attempt.broke
+            if attempt.migration is not None:  # it continues one that broke
+                attributes["llm_gateway.continues_tokens"] = attempt.migration.carried
             span.set_attributes(attributes)
         span.end(end_time=self.ns(attempt.ended_at))
 

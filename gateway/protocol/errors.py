@@ -1,8 +1,9 @@
 """Typed errors raised inside the gateway, and their bodies in each client protocol.
 
 Errors are raised where they are found and rendered once, at the HTTP edge, in the shape the
-client's library parses: OpenAI ``{"error": {"message", "type", "param", "code"}}`` and TGI
-``{"error": "...", "error_type": "..."}``.
+client's library parses: OpenAI ``{"error": {"message", "type", "param", "code"}}``, TGI
+``{"error": "...", "error_type": "..."}`` and Anthropic
+``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from gateway.protocol.reasons import Reason
 from gateway.upstream.failure import FailureKind
 
 
@@ -20,6 +22,13 @@ class Api(str, Enum):
 
     OPENAI = "openai"
     TGI = "tgi"
+    ANTHROPIC = "anthropic"
+
+
+# Anthropic's error types by HTTP status (its API reference, "Errors"); others: api_error.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
 class GatewayError(Exception):
@@ -29,7 +38,7 @@ class GatewayError(Exception):
     openai_type: str = "server_error"
     tgi_type: str = "generation"
     code: str | None = None
-    reason: str = "internal"  # fixed label value for the rejection/error metrics
+    reason: Reason = Reason.INTERNAL  # fixed label value for the rejection/error metrics
     failure: FailureKind | None = None  # why a replica failed it, if one did (retryable?)
     api: "Api | None" = None  # the client's protocol, where its body told it (TGI's /tokenize)
 
@@ -52,14 +61,26 @@ class GatewayError(Exception):
     def tgi_body(self) -> dict[str, Any]:
         return {"error": self.message, "error_type": self.tgi_type}
 
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
+                                   else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
     def body(self, api: Api) -> bytes:
-        return orjson.dumps(self.openai_body() if api is Api.OPENAI else self.tgi_body())
+        if api is Api.OPENAI:
+            return orjson.dumps(self.openai_body())
+        if api is Api.ANTHROPIC:
+            return orjson.dumps(self.anthropic_body())
+        return orjson.dumps(self.tgi_body())
 
     def status_for(self, api: Api) -> int:
-        return self.status if api is Api.OPENAI else self.tgi_status()
+        return self.tgi_status() if api is Api.TGI else self.status
 
     def sse_event(self, api: Api) -> bytes:
-        """The error as a stream event: OpenAI clients then expect ``[DONE]``; TGI's do not."""
+        """The error as a stream event: OpenAI clients then expect ``[DONE]``; TGI's do not;
+        Anthropic's read a named ``error`` event."""
+        if api is Api.ANTHROPIC:
+            return b"event: error\ndata: " + self.body(api) + b"\n\n"
         event = b"data: " + self.body(api) + b"\n\n"
         return event + b"data: [DONE]\n\n" if api is Api.OPENAI else event
 
@@ -71,7 +92,7 @@ class InvalidRequest(GatewayError):
     status = 400
     openai_type = "invalid_request_error"
     tgi_type = "validation"
-    reason = "bad_request"
+    reason = Reason.BAD_REQUEST
 
     def tgi_status(self) -> int:
         return 422 if self.status == 400 else self.status
@@ -84,7 +105,7 @@ class ContextLengthExceeded(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "validation"
     code = "context_length_exceeded"
-    reason = "context_length"
+    reason = Reason.CONTEXT_LENGTH
 
     def __init__(self, limit: int, prompt_tokens: int, max_tokens: int | None,
                  api: Api = Api.OPENAI, chat: bool = True) -> None:
@@ -127,7 +148,7 @@ class ModelNotFound(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "validation"
     code = "model_not_found"
-    reason = "unknown_model"
+    reason = Reason.UNKNOWN_MODEL
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.", param="model")
@@ -141,7 +162,7 @@ class ApiNotServed(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "validation"
     code = "unsupported_api"
-    reason = "unsupported_api"
+    reason = Reason.UNSUPPORTED_API
 
 
 class NoReplicaAvailable(GatewayError):
@@ -149,7 +170,7 @@ class NoReplicaAvailable(GatewayError):
     openai_type = "server_error"
     tgi_type = "overloaded"
     code = "no_replica_available"
-    reason = "no_replica"
+    reason = Reason.NO_REPLICA
 
 
 class Overloaded(GatewayError):
@@ -160,7 +181,7 @@ class Overloaded(GatewayError):
     openai_type = "rate_limit_error"
     tgi_type = "overloaded"
     code = "overloaded"
-    reason = "overloaded"
+    reason = Reason.OVERLOADED
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after)})
@@ -174,7 +195,7 @@ class QueueFull(Overloaded):
     waits or is refused, not everyone's requests."""
 
     code = "queue_full"
-    reason = "queue_full"
+    reason = Reason.QUEUE_FULL
 
 
 class Shed(Overloaded):
@@ -182,7 +203,7 @@ class Shed(Overloaded):
     sheddable (negative): refused at once rather than queued (``gateway.flow``)."""
 
     code = "shed"
-    reason = "shed"
+    reason = Reason.SHED
 
 
 class ObjectiveUnattainable(Overloaded):
@@ -190,7 +211,7 @@ class ObjectiveUnattainable(Overloaded):
     refused then (``x-slo-strict: true``) rather than served late."""
 
     code = "objective_unattainable"
-    reason = "objective_unattainable"
+    reason = Reason.OBJECTIVE_UNATTAINABLE
 
 
 class Draining(GatewayError):
@@ -200,7 +221,7 @@ class Draining(GatewayError):
     openai_type = "server_error"
     tgi_type = "overloaded"
     code = "draining"
-    reason = "draining"
+    reason = Reason.DRAINING
 
     def __init__(self) -> None:
         super().__init__("the gateway is shutting down; retry on another instance")
@@ -212,7 +233,7 @@ class EngineError(GatewayError):
     still a 5xx of the replica)."""
 
     openai_type = "upstream_error"
-    reason = "upstream"
+    reason = Reason.UPSTREAM
 
     def __init__(self, message: str, status: int, engine_type: str | None = None,
                  code: str | None = None, param: str | None = None,
@@ -229,7 +250,7 @@ class EngineError(GatewayError):
         self.code = code
         self.tgi_status_override: int | None = None  # an OpenAI engine's error for a TGI client
         if code == "context_length_exceeded":
-            self.reason = "context_length"
+            self.reason = Reason.CONTEXT_LENGTH
 
     def tgi_status(self) -> int:
         return self.tgi_status_override or self.status
@@ -241,7 +262,7 @@ class UpstreamUnavailable(GatewayError):
     status = 502
     openai_type = "server_error"
     tgi_type = "generation"
-    reason = "upstream_unavailable"
+    reason = Reason.UPSTREAM_UNAVAILABLE
 
     def __init__(self, message: str, failure: FailureKind = FailureKind.TRANSPORT) -> None:
         super().__init__(message)
@@ -250,7 +271,7 @@ class UpstreamUnavailable(GatewayError):
 
 class UpstreamTimeout(UpstreamUnavailable):
     status = 504
-    reason = "upstream_timeout"
+    reason = Reason.UPSTREAM_TIMEOUT
 
     def __init__(self, message: str, failure: FailureKind = FailureKind.TIMEOUT) -> None:
         super().__init__(message, failure)

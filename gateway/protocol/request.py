@@ -51,6 +51,9 @@ class GenerationRequest(NamedTuple):
     shadow: bool = False  # a canary shadow copy: its answer goes nowhere, its failures count nowhere
     pooling: bool = False  # generates nothing (embeddings, score, tokenize ...): no output cost
     previous_response_id: str | None = None  # Responses API: continues a stored response
+    # The same request as an OpenAI chat body, when it came in a protocol that converts to
+    # one (Anthropic's Messages API): what the chat template renders, what a chat engine gets.
+    as_chat: dict[str, Any] | None = None
 
     @property
     def is_chat(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.errors import Api, GatewayError, InvalidRequest
+from gateway.protocol.reasons import Reason
 from gateway.protocol.request import GenerationRequest, field, parse_json_object
 from gateway.tokens import flatten_content
 
@@ -25,7 +26,7 @@ class ResponseNotFound(GatewayError):
     openai_type = "invalid_request_error"
     tgi_type = "validation"
     code = "response_not_found"
-    reason = "bad_request"
+    reason = Reason.BAD_REQUEST
 
     def __init__(self, response_id: str, param: str = "previous_response_id") -> None:
         super().__init__(f"Response with id '{response_id}' not found.", param=param)

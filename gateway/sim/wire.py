@@ -102,8 +102,8 @@ def _openai_finish(choice: Choice) -> str:
 class _Logprobs:
     """OpenAI logprobs of one choice, in the engine's format."""
 
-    def __init__(self, dialect: str, job: Job, vocab: Vocab, seed: int) -> None:
-        self.dialect, self.job, self.vocab, self.seed = dialect, job, vocab, seed
+    def __init__(self, dialect: str, job: Job, vocab: Vocab, choice: Choice) -> None:
+        self.dialect, self.job, self.vocab, self.choice = dialect, job, vocab, choice
         self.k = job.extras.logprobs or 0
         self.as_ids = job.extras.tokens_as_ids
 
@@ -114,12 +114,12 @@ class _Logprobs:
         """vLLM/SGLang completions format for tokens ``start ..`` (text offsets from ``offset``)."""
         out: dict[str, Any] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
         for position, j in enumerate(pieces, start):
-            lp = textgen.logprob(self.seed, position)
+            lp = textgen.logprob(self.choice.context(position), 0)
             out["text_offset"].append(offset)
             offset += len(self.vocab.openai_text(j))
             out["token_logprobs"].append(lp)
             out["tokens"].append(self._name(j))
-            top = textgen.alternatives(self.seed, position, j, max(self.k, 1))
+            top = textgen.alternatives(self.choice.context(position), 0, j, max(self.k, 1))
             out["top_logprobs"].append({self._name(a): v for a, v in top})
         return out
 
@@ -133,8 +133,8 @@ class _Logprobs:
             def entry(a: int, v: float) -> dict[str, Any]:
                 t = self.vocab.openai_text(a)
                 return {"id": self.vocab.id(a), "token": t, "bytes": list(t.encode()), "logprob": v}
-            top = textgen.alternatives(self.seed, position, j, self.k)
-            content.append({**entry(j, textgen.logprob(self.seed, position)),
+            top = textgen.alternatives(self.choice.context(position), 0, j, self.k)
+            content.append({**entry(j, textgen.logprob(self.choice.context(position), 0)),
                             "top_logprobs": [entry(a, v) for a, v in top]})
         return {"content": content}
 
@@ -144,8 +144,8 @@ class _Logprobs:
             def entry(a: int, v: float) -> dict[str, Any]:
                 t = self._name(a)
                 return {"token": t, "logprob": v, "bytes": list(t.encode())}
-            top = textgen.alternatives(self.seed, position, j, self.k) if self.k else []
-            content.append({**entry(j, textgen.logprob(self.seed, position)),
+            top = textgen.alternatives(self.choice.context(position), 0, j, self.k) if self.k else []
+            content.append({**entry(j, textgen.logprob(self.choice.context(position), 0)),
                             "top_logprobs": [entry(a, v) for a, v in top]})
         return {"content": content}
 
@@ -214,7 +214,7 @@ class OpenAIStream:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.plain = _plain(dialect, job) and interval == 1
         self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop)
-        self.logprobs = _Logprobs(dialect, job, vocab, job.seed)
+        self.logprobs = _Logprobs(dialect, job, vocab, job.choices[0])
         self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
         # The plain path's two templates (holes: the text, and the usage when continuous):
         # every token's chunk, and the last one's (finish reason, and what ends the stream).
@@ -241,7 +241,7 @@ class OpenAIStream:
             choice[stop[0]] = stop[1] if last else None
         if vllm and not self.chat:
             choice["prompt_token_ids"] = self.job.prompt_ids if ids and first == 0 else None
-        elif ids and first == 0:
+        elif ids and first == 0 and not vllm:  # vLLM chat: in the role chunk, not here
             choice["prompt_token_ids"] = self.job.prompt_ids
         if vllm or ids:
             choice["token_ids"] = token_ids if ids else None
@@ -332,7 +332,7 @@ class LlamaCppStream:
         self.include_usage, self.prefix = include_usage, data_prefix
         self.choice = job.choices[0]
         self.texts = openai_texts(self.choice, trim_stop=True)
-        self.logprobs = _Logprobs("llamacpp", job, vocab, job.seed)
+        self.logprobs = _Logprobs("llamacpp", job, vocab, job.choices[0])
         self.per_token = job.extras.timings_per_token
         self.id, self.created = llamacpp_id(), int(time.time())
         self.obj = "chat.completion.chunk" if chat else "text_completion"
@@ -409,7 +409,7 @@ def llamacpp_body(chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
     """A whole llama.cpp answer (one choice: llama.cpp has no ``n``)."""
     c = job.choices[0]
     content = "".join(openai_texts(c, trim_stop=True))
-    lp = _Logprobs("llamacpp", job, vocab, job.seed).llamacpp(0, c.pieces)
+    lp = _Logprobs("llamacpp", job, vocab, c).llamacpp(0, c.pieces)
     if chat:
         choice: dict[str, Any] = {"finish_reason": _openai_finish(c), "index": 0,
                                   "message": {"role": "assistant", "content": content}}
@@ -434,7 +434,7 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
     for index, c in enumerate(job.choices):
         texts = openai_texts(c, trim_stop=not job.extras.include_stop)
         content = "".join(texts)
-        logprobs = _Logprobs(dialect, job, vocab, job.seed + index)
+        logprobs = _Logprobs(dialect, job, vocab, c)
         lp = logprobs.of(0, c.pieces, 0, chat)
         stop = _stop_field(dialect, c, vocab)
         if chat:
@@ -494,7 +494,7 @@ class TGIStream:
         self.choice = job.choices[0]
         self.n = len(self.choice.pieces)
         self.prefix = data_prefix
-        self.eos = orjson.dumps(_tgi_token(vocab, job.seed, 0, EOS)["text"])
+        self.eos = orjson.dumps(_tgi_token(vocab, 0, EOS)["text"])
 
     def open(self) -> bytes:
         return b""
@@ -503,7 +503,7 @@ class TGIStream:
         special = b"true" if j == EOS else b"false"
         return b'{"id":%d,"text":%s,"logprob":%s,"special":%s}' % (
             self.vocab.id(j), self.eos if j == EOS else PIECES_JSON[j],
-            orjson.dumps(textgen.logprob(self.job.seed, k)), special)
+            orjson.dumps(textgen.logprob(self.choice.context(k), 0)), special)
 
     def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
         out = []
@@ -511,8 +511,9 @@ class TGIStream:
         for k, j in enumerate(pieces, start):
             top = b""
             if top_n:
-                top = b',"top_tokens":' + orjson.dumps([_tgi_token(self.vocab, self.job.seed, k, a, v)
-                                                        for a, v in textgen.alternatives(self.job.seed, k, j, top_n)])
+                key = self.choice.context(k)
+                top = b',"top_tokens":' + orjson.dumps([_tgi_token(self.vocab, key, a, v)
+                                                        for a, v in textgen.alternatives(key, 0, j, top_n)])
             if k < self.n - 1:
                 out.append(b'%s{"index":%d,"token":%s%s,"generated_text":null,"details":null}\n\n'
                            % (self.prefix, k + 1, self._token(k, j), top))
@@ -542,9 +543,10 @@ def _tgi_text(job: Job, choice: Choice) -> str:
     return (job.extras.prompt_text if job.extras.return_full_text else "") + text(choice.pieces)
 
 
-def _tgi_token(vocab: Vocab, seed: int, k: int, j: int, lp: float | None = None) -> dict[str, Any]:
+def _tgi_token(vocab: Vocab, key: int, j: int, lp: float | None = None) -> dict[str, Any]:
+    """One token of TGI's details (``key``: its context, ``Choice.context``)."""
     return {"id": vocab.id(j), "text": vocab.eos_text if j == EOS else PIECES[j],
-            "logprob": textgen.logprob(seed, k) if lp is None else lp, "special": j == EOS}
+            "logprob": textgen.logprob(key, 0) if lp is None else lp, "special": j == EOS}
 
 
 def tgi_output(job: Job, vocab: Vocab) -> dict[str, Any]:
@@ -552,7 +554,7 @@ def tgi_output(job: Job, vocab: Vocab) -> dict[str, Any]:
     scored = []
     for i, c in enumerate(job.choices):
         seed = job.seed + i
-        tokens = [_tgi_token(vocab, seed, k, j) for k, j in enumerate(c.pieces)]
+        tokens = [_tgi_token(vocab, c.context(k), j) for k, j in enumerate(c.pieces)]
         mean = sum(t["logprob"] for t in tokens) / max(len(tokens), 1)
         scored.append((mean, i, c, tokens, seed))
     scored.sort(key=lambda s: (-s[0], s[1]))
@@ -574,7 +576,8 @@ def tgi_output(job: Job, vocab: Vocab) -> dict[str, Any]:
                                                for _, _, c, t, s in scored[1:]]
     if job.extras.top_n_tokens:
         out["details"]["top_tokens"] = [
-            [_tgi_token(vocab, seed, k, a, v) for a, v in textgen.alternatives(seed, k, j, job.extras.top_n_tokens)]
+            [_tgi_token(vocab, best.context(k), a, v)
+             for a, v in textgen.alternatives(best.context(k), 0, j, job.extras.top_n_tokens)]
             for k, j in enumerate(best.pieces)]
     return out
 

@@ -71,16 +71,19 @@ class UpstreamResponse:
         return b"".join(self._chunks)
 
     def stream(self, handler: BodyHandler) -> None:
-        """Deliver the body to ``handler`` from now on, what arrived so far first."""
+        """Deliver the body to ``handler`` from now on, what arrived so far first. A handler
+        that closes the response meanwhile hears nothing more (not even its end)."""
+        self._handler = handler
         if self._connection is not None:  # straight to the handler, from now on
             self._connection.body_to = handler.on_body
         chunks, self._chunks = self._chunks, []
         for chunk in chunks:
+            if self._handler is not handler:
+                return
             handler.on_body(chunk)
-        if self._ended:
+        if self._ended and self._handler is handler:
+            self._handler = None
             handler.on_end(self._error)
-        else:
-            self._handler = handler
 
     def pause_reading(self) -> None:
         """The client is not keeping up: stop reading from the replica (TCP pushes back)."""

@@ -19,7 +19,7 @@ from scipy import stats as scipy_stats
 from gateway.canary.verdict import verdict
 from gateway.canary.samples import PairSample, Sample
 from gateway.canary.stats import proportion_difference, score_test, wilson
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 from support import ROOT, gateway_server, sim, wait_until
 
 MODEL = "sim-model"

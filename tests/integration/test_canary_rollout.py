@@ -203,8 +203,8 @@ def test_the_guard_never_zeroes_a_promoted_canary_that_serves_alone() -> None:
     from gateway.canary.samples import SampleBook
     from gateway.canary.sample_source import SampleSource
     from gateway.canary.weights import PoolWeights
-    from gateway.config import CanaryJudgeConfig
-    from gateway.metrics import CanaryMetrics
+    from gateway.canary.config import CanaryJudgeConfig
+    from gateway.canary.metrics import CanaryMetrics
 
     failing = {"verdict": "fail", "score": 0.0, "metrics": [
         {"metric": "ttft", "class": "fail", "critical": True}]}

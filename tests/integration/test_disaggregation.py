@@ -155,6 +155,33 @@ def test_a_decode_replica_failing_before_its_first_byte_is_retried_with_a_new_pr
         wait_until(lambda: ledger_is_empty(gw), 5, "every lease returned")
 
 
+def test_a_decode_replica_breaking_mid_stream_goes_on_on_another_without_a_new_prefill(
+        model_dir: Path, tmp_path: Path) -> None:
+    """Migration in a P/D fleet: a decode replica that drops the stream after 5 tokens; the
+    answer goes on on the other decode replica, which prefills the prompt and the tokens so
+    far itself (no second prefill on the prefill replica), and reads as the unbroken one."""
+    with fleet(model_dir, tmp_path, prefills=1, decodes=2,
+               extra={"balancer": "round_robin",
+                      "outlier": {"consecutive_failures": 1000}}) as (gw, urls):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "stream": True,
+                "temperature": 0, "stream_options": {"include_usage": True}}
+        reference = httpx.post(gw + "/v1/completions", json=body, timeout=30)
+        assert reference.status_code == 200
+        httpx.post(urls["d0"] + "/sim/faults", json={"drop_after": 5},
+                   timeout=5).raise_for_status()
+        for _ in range(2):  # round robin: one of two starts on d0
+            sent = connector(urls["p0"])["sent"]
+            broken = httpx.post(gw + "/v1/completions", json=body, timeout=30)
+            if broken.headers["x-gateway-replica"] == "d0":
+                break
+        assert broken.status_code == 200 and broken.headers["x-gateway-replica"] == "d0"
+        assert shape(sse(broken.text)) == shape(sse(reference.text))
+        assert connector(urls["p0"])["sent"] == sent + 1  # the first prefill only
+        wait_until(lambda: by_label(gw, "llm_gateway_migrations_total", "reason")
+                   .get("disconnect") == 1, 5, "the migration counted")
+        wait_until(lambda: ledger_is_empty(gw), 5, "every lease returned")
+
+
 def test_refusals_happen_once_before_any_prefill(model_dir: Path, tmp_path: Path) -> None:
     with fleet(model_dir, tmp_path, prefills=1) as (gw, urls):
         too_long = httpx.post(gw + "/v1/completions", timeout=30, json={

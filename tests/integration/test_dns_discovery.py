@@ -20,7 +20,8 @@ import pytest
 from dnslib import AAAA, QTYPE, RCODE, RR, A
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
-from gateway.config import ConfigError, DnsConfig, load_settings
+from gateway.config import ConfigError, load_settings
+from gateway.fleet.dns_config import DnsConfig
 from gateway.fleet.dns_discovery import DnsResolver
 from support import gateway_server, sim, wait_until
 

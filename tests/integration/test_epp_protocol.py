@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
+import httpx
 import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -318,3 +319,42 @@ def test_only_replicas_that_serve_a_request_alone_are_picked(tmp_path: Path) -> 
                 pick, _ = talk.send(body_message(REQUEST), 2)
                 assert destination(pick)[0] == endpoint(both)
                 talk.end()
+
+
+def test_what_the_proxys_retries_showed_ejects_the_replicas_that_failed(tmp_path: Path) -> None:
+    """Served on the pick's second fallback: the proxy tried the pick and the first fallback
+    and both failed before answering (it retries only then). The picker counts that against
+    them as the HTTP gateway counts its own attempts, so a replica that died stops being
+    picked before its health probe notices. An error answer counts against nobody (a 4xx is
+    the request's fault; a 503 may be the proxy's own, from its limits)."""
+    with sim("vllm", MODEL, 2048) as a, sim("vllm", MODEL, 2048) as b, \
+            sim("vllm", MODEL, 2048) as c:
+        config = {"models": [{"name": MODEL, "replicas": [
+            {"url": u, "engine": "vllm", "name": n} for n, u in zip("abc", (a, b, c))]}],
+            "health": {"interval": 30}, "admin_token": "admin",
+            "outlier": {"consecutive_failures": 1, "base_ejection": 60,
+                        "max_ejected_percent": 100}}
+        with picker(tmp_path, config) as p, grpc.insecure_channel(p.grpc) as channel:
+            def states() -> dict[str, str]:
+                answer = httpx.get(p.url + "/admin/replicas", timeout=5,
+                                   headers={"authorization": "Bearer admin"})
+                return {r["url"]: r["state"] for r in answer.json()["replicas"]}
+
+            def served(status: int, last: bool = True) -> list[str]:
+                talk = Conversation(channel)
+                talk.send(headers_message(), 0)
+                pick, _ = talk.send(body_message(REQUEST), 2)
+                endpoints = destination(pick)[0].split(",")
+                talk.send(response_headers_message(endpoints[-1 if last else 0], status), 1)
+                talk.end()
+                return endpoints
+
+            tried = served(200)  # the pick and its two fallbacks: the last one answered
+            assert len(tried) == 3
+            by_endpoint = {endpoint(u): u for u in (a, b, c)}
+            failed, answered = [by_endpoint[e] for e in tried[:2]], by_endpoint[tried[2]]
+            assert states() == {failed[0]: "ejected", failed[1]: "ejected",
+                                answered: "healthy"}
+            for status in (404, 503):
+                assert served(status) == [endpoint(answered)]  # alone now: no fallback
+                assert states()[answered] == "healthy"

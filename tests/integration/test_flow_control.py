@@ -108,7 +108,8 @@ def test_a_saturated_engine_holds_requests_at_the_gateway_in_priority_order(
 
 @pytest.mark.parametrize("header, value", [
     ("x-gateway-priority", "urgent"), ("x-gateway-priority", "1000"),
-    ("x-slo-ttft-ms", "-5"), ("x-slo-tpot-ms", "soon"), ("x-slo-strict", "perhaps")])
+    ("x-slo-ttft-ms", "-5"), ("x-slo-tpot-ms", "soon"), ("x-slo-strict", "perhaps"),
+    ("x-llm-d-slo-ttft-ms", "0"), ("x-llm-d-slo-tpot-ms", "soon")])  # (llm-d's names)
 def test_a_bad_header_is_a_400_naming_it_in_each_protocol(gateway: str, header: str,
                                                           value: str) -> None:
     openai_reply = httpx.post(gateway + "/v1/completions", headers={header: value},

@@ -25,9 +25,10 @@ from gateway.balance.ledger import InProcessLedger
 from gateway.fleet.replica import REPLICA_STATES, Replica
 from gateway.fleet.engine_signals import EngineSignals
 from gateway.upstream.failure import FailureKind
-from gateway.metrics import (REJECTION_REASONS, RETRY_KINDS, UPSTREAM_ERROR_KINDS, GatewayMetrics,
+from gateway.metrics import (RETRY_KINDS, UPSTREAM_ERROR_KINDS, GatewayMetrics,
                              NullMetrics, make_metrics)
 from gateway.protocol.errors import Api
+from gateway.protocol.reasons import REFUSALS, Reason
 from gateway.tokens import ModelTokenizer
 from scrape import samples
 from support import free_port, running, settle, sim, wait_for_value
@@ -131,21 +132,23 @@ def test_configured_label_sets_start_at_zero_replicas_added_later_too() -> None:
     samples = parse(metrics.exposition().decode())
     rejections = {(l["api"], l["reason"]) for n, l, v in samples
                   if n == "llm_gateway_rejections_total" and v == 0}
-    assert rejections == {(api.value, reason) for api in Api for reason in REJECTION_REASONS}
+    assert rejections == {(api.value, reason) for api in Api for reason in REFUSALS}
     assert {l["api"] for n, l, v in samples
-            if n == "llm_gateway_queue_time_seconds_count" and v == 0} == {"openai", "tgi"}
+            if n == "llm_gateway_queue_time_seconds_count" and v == 0} == {api.value for api in Api}
     for name, kinds in [("llm_gateway_upstream_errors_total", UPSTREAM_ERROR_KINDS),
                         ("llm_gateway_retries_total", RETRY_KINDS)]:
         got = {(l["replica"], l["kind"]) for n, l, v in samples if n == name and v == 0}
         assert got == {(r, k) for r in ("r1", "r2") for k in kinds}
-    # The fixed reasons are real ones: each is the reason of an error the gateway answers.
-    import gateway.access.errors  # noqa: F401 (401, 403, 429 of API keys)
-    import gateway.api.generation  # noqa: F401 (its errors are subclasses too)
+    # One enum: every error the gateway answers has a reason of it, and every reason is some
+    # error's (so the label lists, derived from it, leave none out).
+    import gateway.app  # noqa: F401 (every module that defines an error)
     from gateway.protocol.errors import GatewayError
 
     def subclasses(cls: type) -> set[type]:
         return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
-    assert set(REJECTION_REASONS) <= {c.reason for c in subclasses(GatewayError)}
+    reasons = {c.reason for c in subclasses(GatewayError)}
+    assert all(isinstance(reason, Reason) for reason in reasons)
+    assert reasons | {Reason.CONTEXT_LENGTH} == set(Reason)  # (an engine's context error too)
 
 
 def test_engine_signals_are_exported_while_fresh() -> None:

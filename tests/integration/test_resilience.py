@@ -8,12 +8,13 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
 
 import httpx
+import pytest
 
 from scrape import metric_sum
-from support import StreamInThread, free_port, gateway_server, running, sim, wait_until
+from support import (StreamInThread, gateway_server, sim, sim_process,
+                     wait_until)
 
 MODEL = "sim-model"
 TOKEN = "admin-secret"
@@ -64,22 +65,18 @@ class Stream(StreamInThread):
 PACED = ("--profile", "paced", "--ttft-ms", "250", "--itl-ms", "20")
 
 
-@contextlib.contextmanager
-def sim_process(*extra: str) -> Iterator[tuple[str, object]]:
-    port = free_port()
-    with running(["sim", "--dialect", "vllm", "--port", str(port), "--model", MODEL,
-                  "--max-model-len", "4096", *extra],
-                 f"http://127.0.0.1:{port}/health") as proc:
-        yield f"http://127.0.0.1:{port}", proc
-
-
-def test_killed_replica_waiting_requests_retry_elsewhere_streams_end_with_error(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("migration", [True, False], ids=["migration", "no-migration"])
+def test_killed_replica_waiting_requests_retry_elsewhere_streams_go_on_or_end_with_error(
+        tmp_path: Path, migration: bool) -> None:
+    """Requests still waiting for their first token are retried elsewhere; streams under way
+    go on on another replica (gateway.migrate), or, with migration off, end with an error
+    event: never a silent cut."""
     with sim_process(*PACED) as (a, victim), sim(
             "vllm", MODEL, 4096, *PACED) as b, sim("vllm", MODEL, 4096, *PACED) as c:
         reps = [{"url": a, "engine": "vllm", "name": "victim"},
                 {"url": b, "engine": "vllm", "name": "b"}, {"url": c, "engine": "vllm", "name": "c"}]
-        with gateway_server(tmp_path, config(reps, balancer="round_robin")) as (gw, _):
+        settings = config(reps, balancer="round_robin", migration={"enabled": migration})
+        with gateway_server(tmp_path, settings) as (gw, _):
             # Streams take ~0.85 s, the first token 0.25 s: the kill finds some of the
             # victim's requests streaming and some still waiting for their first token.
             started = time.monotonic()
@@ -95,11 +92,15 @@ def test_killed_replica_waiting_requests_retry_elsewhere_streams_end_with_error(
             on_victim = [s for s in streams if s.replica == "victim"]
             elsewhere = [s for s in streams if s.replica != "victim"]
             assert all(s.complete for s in elsewhere), [s.events[-2:] for s in elsewhere]
-            # Finished before the kill, or cut by it: then a proper error event, never silence.
-            assert all(s.complete or s.ended_with_error_event for s in on_victim), \
-                [s.events[-2:] for s in on_victim]
-            assert any(s.ended_with_error_event for s in on_victim), \
-                "no stream was running on the killed replica"
+            if migration:  # every stream cut by the kill went on elsewhere
+                assert all(s.complete for s in on_victim), [s.events[-2:] for s in on_victim]
+                assert metric_sum(gw, "llm_gateway_migrations_total") >= 1, \
+                    "no stream was running on the killed replica"
+            else:  # cut by it: a proper error event, never silence
+                assert all(s.complete or s.ended_with_error_event for s in on_victim), \
+                    [s.events[-2:] for s in on_victim]
+                assert any(s.ended_with_error_event for s in on_victim), \
+                    "no stream was running on the killed replica"
             retried = metric_sum(gw, "llm_gateway_retries_total")
             assert retried >= 1, "no waiting request was retried on another replica"
             assert elapsed < 30
@@ -112,8 +113,10 @@ def test_stalled_replica_times_out_is_ejected_and_readmitted(tmp_path: Path) -> 
             sim("vllm", MODEL, 4096, *fast) as good:
         reps = [{"url": staller, "engine": "vllm", "name": "staller"},
                 {"url": good, "engine": "vllm", "name": "good"}]
+        # A stream that cannot go on elsewhere (migration off here: gateway.migrate).
         settings = dict(balancer="round_robin", timeouts={"between_tokens": 0.5},
-                        outlier={"consecutive_failures": 1, "base_ejection": 1.5})
+                        outlier={"consecutive_failures": 1, "base_ejection": 1.5},
+                        migration={"enabled": False})
         with gateway_server(tmp_path, config(reps, **settings)) as (gw, _):
             for _ in range(2):  # round robin: one of two lands on the staller
                 s = Stream(gw, max_tokens=10).join()

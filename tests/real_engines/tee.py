@@ -68,7 +68,13 @@ class Tee:
         with self._lock:
             self.connections.append(connection)
         await asyncio.gather(self._pipe(client_reader, engine_writer, connection.sent),
-                             self._pipe(engine_reader, client_writer, connection.received))
+                             self._answer(engine_reader, client_writer, engine_writer,
+                                          connection))
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      engine: asyncio.StreamWriter, connection: _Connection) -> None:
+        """The engine's side, to the client (kept)."""
+        await self._pipe(reader, writer, connection.received)
 
     def exchanges(self) -> list[Exchange]:
         """Every complete request/response pair seen so far, per connection in order."""
@@ -96,6 +102,72 @@ class Tee:
         found = [e for e in self.exchanges() if e.method == method and e.target == target]
         assert found, f"no {method} {target} went through the tee"
         return found[-1]
+
+
+class Cutter(Tee):
+    """A tee that breaks the next answer after its ``cut_after``-th token chunk (one with
+    ``"token_ids":[``, which the gateway asks a stream it may continue for): it passes the
+    engine's bytes up to that event's end, then drops both connections, as an engine that
+    dies there would. One cut per ``cut_after`` set; None: pass everything. ``ended``: the
+    cuts that fell after the chunk with the finish reason (only the stream's end was lost)."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self._cut_after: int | None = None
+        self.armed = 0  # how many times a cut was set: a connection counts anew from each
+        self.cuts = 0
+        self.ended = 0
+        self.marker = b'"token_ids":['  # what makes an event count (an engine without ids:
+        # ``b"data: {"``, every event)
+
+    @property
+    def cut_after(self) -> int | None:
+        return self._cut_after
+
+    @cut_after.setter
+    def cut_after(self, tokens: int | None) -> None:
+        self._cut_after = tokens
+        self.armed += tokens is not None
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      engine: asyncio.StreamWriter, connection: _Connection) -> None:
+        """Bytes pass at once (a health check's answer too); events are only counted, and
+        the answer is cut at the end of the ``cut_after``-th one with ids. The count starts
+        anew with each cut set: a keep-alive connection may have carried a whole answer
+        while the last one was set (vLLM merged its tokens into fewer chunks), and what it
+        counted then is not this answer's."""
+        tokens, tail, finished = 0, b"", False  # tail: what came since the last event's end
+        counting = self.armed
+        try:
+            while data := await reader.read(65536):
+                limit = self.cut_after
+                if limit is None:
+                    writer.write(data)
+                    await writer.drain()
+                    continue
+                if counting != self.armed:
+                    tokens, tail, finished, counting = 0, b"", False, self.armed
+                seen, start = tail + data, 0
+                while (end := seen.find(b"\n\n", start)) >= 0:
+                    tokens += self.marker in seen[start:end]
+                    finished = finished or b'"finish_reason":"' in seen[start:end]
+                    start = end + 2
+                    if tokens >= limit:
+                        writer.write(data[:start - len(tail)])
+                        await writer.drain()
+                        self.cut_after, self.cuts = None, self.cuts + 1
+                        self.ended += finished
+                        writer.transport.abort()
+                        engine.transport.abort()
+                        return
+                tail = seen[start:]
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
 
 
 def _next_request(server: h11.Connection, client: h11.Connection) -> Exchange | None:
@@ -131,9 +203,10 @@ def _read_response(client: h11.Connection, exchange: Exchange) -> bool:
 
 
 @contextlib.contextmanager
-def tee(target_url: str) -> Iterator[Tee]:
-    """A ``Tee`` in front of ``target_url`` (loopback) until the block ends."""
-    proxy = Tee(int(target_url.rsplit(":", 1)[1]))
+def tee(target_url: str, kind: type[Tee] = Tee) -> Iterator[Tee]:
+    """A ``Tee`` (or a ``Cutter``) in front of ``target_url`` (loopback) until the block
+    ends."""
+    proxy = kind(int(target_url.rsplit(":", 1)[1]))
     loop = asyncio.new_event_loop()
     started = threading.Event()
 

@@ -22,8 +22,9 @@ from text_generation import Client as TGIClient
 from engines import Engine, llama_server
 from gateway.tokens import ModelTokenizer
 from shapes import SHAPE_REQUESTS, same_shapes, shape, uncovered
-from support import gateway_server, sim
-from tee import Tee, tee
+from scrape import by_label
+from support import gateway_server, sim, wait_until
+from tee import Cutter, Tee, tee
 
 ADMIN = {"authorization": "Bearer real"}
 SLOTS = 4
@@ -252,3 +253,34 @@ def test_the_simulator_describes_itself_as_the_engine_does(engine: Engine,
     for path in ("/v1/models", "/props"):
         real, simulated = (shape(httpx.get(u + path).json()) for u in (engine.url, simulated_llamacpp))
         assert (path, uncovered(real, simulated)) == (path, [])
+
+
+def test_a_broken_stream_is_not_continued_and_says_why(engine: Engine, tmp_path: Path) -> None:
+    """llama.cpp's stream carries no token ids to continue from exactly (``/completion``'s
+    ``tokens`` leave out those inside a character; see docs/migration.md), so a stream
+    broken mid-answer ends as before migration, with the error event and ``[DONE]``, and
+    is counted as not continued, reason ``engine``; the other replica then serves."""
+    with tee(engine.url, Cutter) as cutter:
+        assert isinstance(cutter, Cutter)
+        cutter.marker = b"data: {"
+        config = {"models": [{"name": "tiny", "replicas": [
+            {"url": cutter.url, "engine": "llamacpp", "name": "cut"},
+            {"url": engine.url, "engine": "llamacpp", "name": "whole"}]}],
+            "balancer": "round_robin", "admin_token": "real",
+            "outlier": {"consecutive_failures": 1000},
+            "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}}
+        with gateway_server(tmp_path, config) as (gateway, _):
+            body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 16,
+                    "temperature": 0, "stream": True}
+            for _ in range(2):  # round robin: one of the two starts on the cut replica
+                cutter.cut_after = 4
+                reply = _post(gateway, "/v1/completions", body)
+                if reply.headers["x-gateway-replica"] == "cut":
+                    break
+            assert reply.status_code == 200 and cutter.cuts == 1
+            events = [e for e in reply.content.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]" and b'"error"' in events[-2], events[-2:]
+            wait_until(lambda: by_label(gateway, "llm_gateway_streams_not_continued_total",
+                                        "reason").get("engine") == 1, 10,
+                       "the break counted as not continued")
+            assert _post(gateway, "/v1/completions", body).status_code == 200

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from engines import Engine, VllmSpec, restart, vllms
-from scrape import by_label
+from scrape import by_label, metric_sum
 from support import StreamInThread, gateway_server, wait_until
 from tiny_model import write_lora
 
@@ -193,28 +194,39 @@ def test_saturated_engines_leave_the_queue_at_the_gateway_in_priority_order(
             return by_label(gateway, "llm_gateway_waiting_requests", "priority").get(band, 0)
 
         by_name = dict(zip("ab", engines))  # fleet_config's replica names
-        held = [Stream(gateway, 1000) for _ in engines]
-        paused: list[Stream] = []
 
-        def pause_each_as_it_starts() -> bool:
-            """Each engine paused as soon as its request runs there, whichever starts first
-            (waiting on one while the other streams, the other could end: 1,000 tokens take
-            the tiny model 2-3 s)."""
-            for stream in held:
-                if stream.started.is_set() and stream not in paused:
-                    assert stream.status == 200
-                    os.killpg(by_name[stream.replica].proc.pid,  # type: ignore[index]
-                              signal.SIGSTOP)
-                    paused.append(stream)
-            return len(paused) == len(held)
+        def hold_both() -> list[Stream]:
+            """A long request running on each engine, each engine paused as soon as its
+            request runs there, whichever starts first (waiting on one while the other
+            streams, the other could end: 1,000 tokens take the tiny model 2-3 s)."""
+            held, paused = [Stream(gateway, 1000) for _ in engines], []
 
-        wait_until(pause_each_as_it_starts, 60, "both long requests to start", every=0.005)
-        try:
+            def pause_each_as_it_starts() -> bool:
+                for stream in held:
+                    if stream.started.is_set() and stream not in paused:
+                        assert stream.status == 200
+                        os.killpg(by_name[stream.replica].proc.pid,  # type: ignore[index]
+                                  signal.SIGSTOP)
+                        paused.append(stream)
+                return len(paused) == len(held)
+
+            wait_until(pause_each_as_it_starts, 60, "both long requests to start", every=0.005)
+            return held
+
+        for _ in range(3):
+            held = hold_both()
             seen = replicas(gateway)
-            # (Once, in a full fresh-clone run, one replica showed 0 here: what each long
-            # stream had, if it ended, says why next time.)
-            assert [r["in_flight"] for r in seen.values()] == [1, 1], (
-                seen, [(s.replica, s.status, s.thread.is_alive(), s.events[-2:]) for s in held])
+            if [r["in_flight"] for r in seen.values()] == [1, 1]:
+                break
+            # A long request had ended before its engine was paused (seen twice in
+            # fresh-clone runs, the stream whole at its client): again.
+            for engine in engines:
+                os.killpg(engine.proc.pid, signal.SIGCONT)
+            for stream in held:
+                stream.join()
+        else:
+            raise AssertionError(f"no long request held on each engine: {seen}")
+        try:
             batch = [Stream(gateway, 8, {"x-gateway-priority": "0"}) for _ in range(4)]
             wait_until(lambda: waiting("0") == 4, 30, "the batch requests to wait")
             shed = httpx.post(gateway + "/v1/completions", timeout=30,
@@ -283,9 +295,13 @@ def test_sigkill_mid_stream_fails_no_request_that_had_not_started(
         for s in running + after:
             s.join()
         on_victim = [s for s in running if s.replica == "victim"]
-        # Cut mid-stream: a proper error event, never a silent end.
-        assert on_victim and all(s.complete or s.ended_with_error_event for s in on_victim)
-        assert any(s.ended_with_error_event for s in on_victim)
+        # Cut mid-stream, they went on on the other replica (gateway.migrate; that they are
+        # the uninterrupted answers is test_real_vllm_migration.py's).
+        assert on_victim and all(s.complete for s in on_victim), \
+            [s.events[-2:] for s in on_victim if not s.complete]
+        # (counted as the request ends at the gateway: just after its client read its end)
+        wait_until(lambda: metric_sum(gateway, "llm_gateway_migrations_total") >= 1, 10,
+                   "the cut stream counted as migrated")
         # Everything else, and every request that had not started, completes.
         assert all(s.complete for s in running if s.replica != "victim")
         assert all(s.complete and s.replica == "other" for s in after), \
@@ -305,21 +321,23 @@ def test_sigterm_drains_real_streams(engines: list[Engine], tmp_path: Path) -> N
         {"url": e.url, "engine": "vllm", "name": f"e{i}"} for i, e in enumerate(engines)]}],
         "admin_token": "real", "drain_timeout": 60, "health": {"interval": 0.5, "timeout": 10.0, "unhealthy_after": 3}}
     with gateway_server(tmp_path, config) as (gateway, proc):
-        streams = [Stream(gateway, 960) for _ in range(6)]  # still running when checked
-        for s in streams:
-            assert s.started.wait(60)
-        # Streams still in flight when the signal comes: with none, the gateway would rightly
-        # exit at once. On a loaded machine the engine starts them seconds apart and the first
-        # can end (960 tokens in 2-3 s) before the last starts (seen: all six whole by then),
-        # so the signal goes as soon as every one has started and any is still running.
-        wait_until(lambda: httpx.get(gateway + "/admin/runtime", headers=ADMIN).json()
-                   ["active_requests"] >= 1, 30,
-                   lambda: f"a stream in flight: {[(s.status, s.events[-2:]) for s in streams]}")
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: httpx.get(gateway + "/ready").status_code == 503, 5, "/ready 503")
-        refused = httpx.post(gateway + "/v1/completions",
-                             json={"model": "tiny", "prompt": "x", "max_tokens": 2})
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        # Streams in flight when the signal comes (with none, the gateway would rightly exit
+        # at once): sent while both engines are paused (SIGSTOP), so none can end before it.
+        # Sent to running engines, on a loaded machine all six had once ended by then.
+        for engine in engines:
+            os.killpg(engine.proc.pid, signal.SIGSTOP)
+        try:
+            streams = [Stream(gateway, 960) for _ in range(6)]
+            wait_until(lambda: httpx.get(gateway + "/admin/runtime", headers=ADMIN).json()
+                       ["active_requests"] == len(streams), 30, "every stream in flight")
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: httpx.get(gateway + "/ready").status_code == 503, 5, "/ready 503")
+            refused = httpx.post(gateway + "/v1/completions",
+                                 json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        finally:
+            for engine in engines:
+                os.killpg(engine.proc.pid, signal.SIGCONT)
         for s in streams:
             s.join()
         assert all(s.complete for s in streams), [s.events[-2:] for s in streams]
@@ -368,8 +386,28 @@ def test_through_envoy_and_the_picker_answers_are_the_engines_byte_for_byte(
                                for r in replicas(p.url).values()), 10, "the picker's ledger")
 
 
+def whole_answers_at_once(gateway: str, n: int) -> list[httpx.Response]:
+    """``n`` greedy completions, not streamed, sent at the same moment (each thread waits
+    for all). An answer's headers come at its end: every retry Envoy makes for them is
+    still in flight when the last one is made."""
+    start = threading.Barrier(n)
+    body = {"model": "tiny", "prompt": "faults", "max_tokens": 24, "ignore_eos": True}
+
+    def one(_: int) -> httpx.Response:
+        with httpx.Client(timeout=120) as client:
+            start.wait()
+            return client.post(gateway + "/v1/completions", json=body)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
 def test_through_envoy_a_killed_replica_loses_no_request_that_had_not_started(
         engines: list[Engine], tmp_path: Path) -> None:
+    """Right after the kill, 8 streams (as the suite first ran it) and 32 whole answers sent
+    at the same moment: each placed on the dead replica is retried on the other, however
+    many are in flight at once (Envoy's default allowed 3 and failed the rest with its 503:
+    issue 48). Last in the module: the engine it kills is not started again."""
     from epp_support import envoy, picker
 
     victim, other = engines
@@ -380,14 +418,17 @@ def test_through_envoy_a_killed_replica_loses_no_request_that_had_not_started(
         victim.kill()  # the picker's probes (every 30 s) have not seen it: it still picks it
         retries = proxy.stats("cluster.replicas.upstream_rq_retry").get(
             "cluster.replicas.upstream_rq_retry", 0)
-        after = [Stream(proxy.url, 24) for _ in range(8)]  # all sent after the kill
-        for s in after:
+        streams = [Stream(proxy.url, 24) for _ in range(8)]
+        answers = whole_answers_at_once(proxy.url, 32)
+        for s in streams:
             s.join()
-        assert all(s.complete for s in after), [(s.status, s.events[-2:]) for s in after
-                                                if not s.complete]
+        lost = [(a.status_code, a.text[-200:]) for a in answers if a.status_code != 200
+                or a.json()["usage"]["completion_tokens"] != 24]
+        lost += [(s.status, s.events[-2:]) for s in streams if not s.complete]
+        stats = proxy.stats("cluster.replicas.upstream_rq_retry")
+        assert not lost, (lost, stats)
         # Some were placed on the dead replica: Envoy took the picker's fallback for them.
-        assert proxy.stats("cluster.replicas.upstream_rq_retry")[
-            "cluster.replicas.upstream_rq_retry"] > retries
+        assert stats["cluster.replicas.upstream_rq_retry"] > retries, stats
+        assert stats["cluster.replicas.upstream_rq_retry_overflow"] == 0, stats
         wait_until(lambda: all(r["in_flight"] == 0 and r["outstanding_tokens"] == 0
                                for r in replicas(p.url).values()), 10, "the picker's ledger")
-    restart(victim)

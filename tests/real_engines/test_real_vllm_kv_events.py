@@ -141,8 +141,9 @@ def test_precise_routing_keeps_each_prefix_where_the_engines_hold_it(
 
     shares["pinned"] = hit_share(fleet, pinned)
 
+    # (Round robin, 0.55 in every run, is no longer run: the approximate index is the
+    # stronger baseline, and the suite's time goes to what it proves.)
     for row, balancer, events, weights in (
-            ("round_robin", "round_robin", False, {}),
             ("approximate", "least_expected_work", False, {}),
             ("precise", "least_expected_work", True, {})):
         with gateways(tmp_path, config(fleet, tiny_model, balancer, events, **weights)) as bases:
@@ -172,7 +173,6 @@ def test_precise_routing_keeps_each_prefix_where_the_engines_hold_it(
     # 0.55. Precise without churn_weight: 0.79, 0.87, 0.87, 0.79, 0.80 (a prefix nobody held
     # went to a random tie, and one engine took more tenants than it holds); with it (the
     # default): 0.87, 0.87.
-    assert share["precise"] > share["round_robin"] + 0.1, shares
     assert share["precise"] > share["approximate"], shares
     assert share["precise"] >= share["pinned"] - 0.05, shares
 

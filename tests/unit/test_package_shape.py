@@ -1,6 +1,6 @@
-"""The package's shape, as DESIGN.md asks it: imports point one way (no module reaches, even
-for a type hint or inside a function, a module that reaches back to it), each module stays
-small enough to read, and engine knowledge lives in ``gateway/engines/`` alone."""
+"""The package's shape, as docs/development.md states it: imports point one way (no module
+reaches, even for a type hint or inside a function, a module that reaches back to it), each
+module stays small enough to read, and engine knowledge lives in ``gateway/engines/`` alone."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ Same-dialect traffic passes through (``passthrough``). Between the OpenAI and TG
 - OpenAI ``/v1/completions`` on a TGI older than 1.4.4 (no ``/v1/completions``): through
   ``/generate(_stream)`` (``openai_to_tgi.OPENAI_TO_TGI``). OpenAI chat on TGI uses TGI's own
   Messages API (TGI >= 1.4.0), untranslated.
+- Anthropic's Messages API (``/v1/messages``) on an engine without it (``Engine.serves_messages``
+  false): through its ``/v1/chat/completions`` (``anthropic_chat``).
 
 ``refusal`` says, at admission, whether an engine can serve a request exactly (else which
 parameter it cannot honour); ``plan`` builds the ``Translation`` for the replica picked.
@@ -28,15 +30,16 @@ import orjson
 from gateway import engines
 from gateway.engines import Engine
 from gateway.protocol.errors import Api, ApiNotServed, EngineError, GatewayError
+from gateway.protocol import anthropic as anthropic_protocol
 from gateway.protocol import responses as responses_api
 from gateway.protocol.request import GenerationRequest
-from gateway.protocol.translate import openai_to_tgi, tgi_request, tgi_response
+from gateway.protocol.translate import anthropic_chat, openai_to_tgi, tgi_request, tgi_response
 from gateway.protocol.translate.passthrough import PassThrough, capped_body
 from gateway.protocol.translate.responses import ResponsesPassThrough
 from gateway.protocol.translate.sse import malformed
 from gateway.protocol.translate.generated_tokens import TokenTexts
 from gateway.protocol.usage import Usage
-from gateway.tokens import ModelTokenizer
+from gateway.tokens import ChatTemplateError, ModelTokenizer
 
 # TGI versions that changed what the gateway can send (/info ``version``).
 TGI_MESSAGES_API = (1, 4, 0)      # /v1/chat/completions
@@ -160,6 +163,18 @@ def refusal(request: GenerationRequest, engine: str, version: str | None,
     """None when ``engine`` can serve ``request`` (natively or translated) exactly; else the
     error that says why not. Raises InvalidRequest for TGI parameters TGI itself refuses."""
     profile = engines.get(engine)
+    if request.api is Api.ANTHROPIC:
+        if profile.serves_messages:
+            return None
+        if request.pooling:  # count_tokens: the gateway counts it itself, given a tokenizer
+            if has_tokenizer:
+                return None
+            return ApiNotServed(f"{request.path} is not served by {engine} replicas (configure "
+                                f"the model's tokenizer and the gateway counts)", param=None)
+        if profile.api is Api.TGI and not _at_least(version, TGI_MESSAGES_API):
+            return ApiNotServed(f"TGI {version} has no /v1/chat/completions (TGI's Messages "
+                                f"API came in 1.4.0)", param="messages")
+        return anthropic_chat.refusal(request, profile)
     if request.pooling:
         routes = profile.tgi_routes if request.api is Api.TGI else profile.pooling_routes
         if request.path in routes:
@@ -211,12 +226,16 @@ def servable(request: GenerationRequest, replicas: list[E], has_tokenizer: bool,
 
 def plan(request: GenerationRequest, engine: str, version: str | None, model: str,
          tokenizer: ModelTokenizer | None, window: int | None, output_cap: int | None = None,
-         parsed: TranslationPlan | None = None) -> Translation:
+         parsed: TranslationPlan | None = None, prompt_tokens: int | None = None) -> Translation:
     """How ``request`` reaches a replica of ``engine``: translated, or passed through.
     ``output_cap`` (admission's, ``output_past_window: cap``) is written into the body the
-    engine gets, never into the request."""
+    engine gets, never into the request; ``prompt_tokens``: the prompt's exact count, when
+    admission took one (a translation that must report it need not count again)."""
     if request.path == responses_api.PATH:
         return ResponsesPassThrough(request, output_cap)
+    if request.api is Api.ANTHROPIC and not engines.get(engine).serves_messages:
+        return _messages_on_chat(request, engines.get(engine), model, tokenizer, output_cap,
+                                 prompt_tokens)
     if passes_through(request, engine, version):
         return PassThrough(request, output_cap)
     if request.api is Api.TGI:
@@ -228,7 +247,10 @@ def plan(request: GenerationRequest, engine: str, version: str | None, model: st
 def passes_through(request: GenerationRequest, engine: str, version: str | None) -> bool:
     """A replica of ``engine`` takes ``request`` in the client's own dialect (no
     translation): where a proxy that cannot translate (the endpoint picker) may send it."""
-    api = engines.get(engine).api
+    profile = engines.get(engine)
+    api = profile.api
+    if request.api is Api.ANTHROPIC:
+        return profile.serves_messages
     if request.api is Api.TGI:
         return api is Api.TGI
     return api is not Api.TGI or request.is_chat or _at_least(version, TGI_COMPLETIONS_API)
@@ -266,6 +288,31 @@ def _tgi_on_openai(request: GenerationRequest, engine: Engine, model: str,
                                      compat=request.path == "/")
 
     return Translated("/v1/completions", orjson.dumps(body), Api.TGI, reader, answer)
+
+
+def _messages_on_chat(request: GenerationRequest, engine: Engine, model: str,
+                      tokenizer: ModelTokenizer | None, output_cap: int | None,
+                      counted: int | None) -> Translated:
+    stop_key = engine.stop_reason_key
+
+    def prompt_tokens() -> int | None:
+        """For ``message_start``, when the engine counts the prompt only at the end:
+        admission's count, else the gateway counts it now."""
+        if counted is not None or tokenizer is None:
+            return counted
+        try:
+            return anthropic_protocol.prompt_tokens(request, tokenizer)
+        except ChatTemplateError:  # it failed admission's count too
+            return None
+
+    def reader() -> StreamReader:
+        return anthropic_chat.MessageStream(stop_key, prompt_tokens)
+
+    def answer(content: bytes, headers: Mapping[str, str]) -> tuple[bytes, Usage]:
+        return anthropic_chat.message_body(_json_object(content), stop_key)
+
+    return Translated("/v1/chat/completions", anthropic_chat.chat_body(request, model, output_cap),
+                      Api.ANTHROPIC, reader, answer)
 
 
 def _completions_on_tgi(request: GenerationRequest, version: str | None,

@@ -60,6 +60,8 @@ def usage_of(payload: Any, api: Api) -> Usage:
         payload = payload[0]
     if not isinstance(payload, dict):
         return Usage()
+    if api is Api.ANTHROPIC:
+        return anthropic_usage(payload.get("usage"), _text_or_none(payload.get("stop_reason")))
     if api is Api.OPENAI:
         usage = payload.get("usage")
         choices = payload.get("choices")
@@ -74,6 +76,18 @@ def usage_of(payload: Any, api: Api) -> Usage:
         return Usage(details.get("input_length"), details.get("generated_tokens"),
                      _text_or_none(details.get("finish_reason")))
     return Usage()
+
+
+def anthropic_usage(usage: Any, stop_reason: str | None) -> Usage:
+    """Anthropic's usage as token counts: the prompt is its input plus what was read from or
+    written to the engine's cache (Anthropic counts those apart)."""
+    if not isinstance(usage, dict):
+        return Usage(finish_reason=stop_reason)
+    parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                    "cache_creation_input_tokens")]
+    prompt = sum(p for p in parts if isinstance(p, int)) if isinstance(parts[0], int) else None
+    output = usage.get("output_tokens")
+    return Usage(prompt, output if isinstance(output, int) else None, stop_reason)
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -141,6 +155,13 @@ def _stamped(events: bytes, field: bytes) -> bytes:
     return b"\n\n".join(parts)
 
 
+def _named(events: bytes, name: bytes) -> bool:
+    """Whether an event named ``name`` is among ``events`` (its line ends with a raw newline,
+    which no JSON string holds: a token's text cannot fake one)."""
+    return (events.find(b"event: " + name + b"\n") >= 0
+            or events.find(b"event:" + name + b"\n") >= 0)
+
+
 class EventReader:
     """Splits upstream bytes on SSE event boundaries and reads what the gateway needs.
 
@@ -179,8 +200,14 @@ class EventReader:
             out, self.partial = data[:cut], data[cut:]
         if self.withheld:
             out, self.withheld = self.withheld + out, b""
-        if (self.strip_usage and b'"finish_reason":"' in out and b'"choices":[]' not in out
-                and b"data: [DONE]\n" not in out and b"data:[DONE]\n" not in out):
+        if self.api is Api.ANTHROPIC:
+            return out, self._anthropic(out)
+        # Patterns are looked for with find, not `in`: CPython 3.11's `bytes in bytes` first
+        # tries the needle as an int and formats the TypeError it clears (about a thousand
+        # instructions a test, on every event).
+        find = out.find
+        if (self.strip_usage and find(b'"finish_reason":"') >= 0 and find(b'"choices":[]') < 0
+                and find(b"data: [DONE]\n") < 0 and find(b"data:[DONE]\n") < 0):
             # vLLM stamps its system_fingerprint on the terminal chunks only when no usage
             # chunk follows. The gateway asked for one on the client's behalf, so a read
             # that ends a choice waits for the next (the usage chunk follows at once) to
@@ -191,21 +218,22 @@ class EventReader:
         # so a token's text cannot fake one).
         events = out.count(b"\ndata:") + out.startswith(b"data:")
         if self.api is Api.OPENAI:
-            if b"data: [DONE]\n" in out or b"data:[DONE]\n" in out:
+            if find(b"data: [DONE]\n") >= 0 or find(b"data:[DONE]\n") >= 0:
                 self.finished = True
                 events -= 1
-            if b'"usage"' in out and (b'"usage":{' in out or b'"usage": {' in out):
+            if find(b'"usage"') >= 0 and (find(b'"usage":{') >= 0 or find(b'"usage": {') >= 0):
                 out, events = self._read_usage(out, events)
-            at = out.find(b'"finish_reason":"')
+                find = out.find
+            at = find(b'"finish_reason":"')
             if at >= 0:  # the terminal chunk: its reason, read off the bytes
                 at += 17
                 self.usage.finish_reason = out[at:out.find(b'"', at)].decode(errors="replace")
-            if b'""' in out or b'{}' in out or b'"content":null' in out:
+            if find(b'""') >= 0 or find(b'{}') >= 0 or find(b'"content":null') >= 0:
                 events -= _tokenless_events(out)
-        elif b'"generated_text":"' in out or (b'"details"' in out and (
-                b'"details":{' in out or b'"details": {' in out)):
+        elif find(b'"generated_text":"') >= 0 or (find(b'"details"') >= 0 and (
+                find(b'"details":{') >= 0 or find(b'"details": {') >= 0)):
             self._read_tgi_final(out)
-        if b'"error"' in out:  # the engine's own error event ends the stream; it is no token
+        if find(b'"error"') >= 0:  # the engine's own error event ends the stream; no token
             errors = out.count(b'data: {"error":') + out.count(b'data:{"error":')
             if errors:
                 self.finished = True
@@ -233,6 +261,29 @@ class EventReader:
                     head = _stamped(head, b',"system_fingerprint":' + orjson.dumps(fingerprint))
                 out = head + out[end:]
         return out, events
+
+    def _anthropic(self, out: bytes) -> int:
+        """Anthropic's named events: a token per content delta; the prompt's count in
+        ``message_start``, the output's and the stop reason in ``message_delta`` (each parsed
+        once per stream); ``message_stop`` or ``error`` ends it."""
+        if _named(out, b"message_start") or _named(out, b"message_delta"):
+            for event in out.split(b"\n\n"):
+                kind, _, data = event.partition(b"data:")
+                if b"message_start" in kind:
+                    message = orjson.loads(data).get("message") or {}
+                    self.usage = anthropic_usage(message.get("usage"), None)
+                elif b"message_delta" in kind:
+                    parsed = orjson.loads(data)
+                    later = anthropic_usage(parsed.get("usage"),
+                                            (parsed.get("delta") or {}).get("stop_reason"))
+                    self.usage = Usage(later.prompt_tokens if later.prompt_tokens is not None
+                                       else self.usage.prompt_tokens,
+                                       later.completion_tokens, later.finish_reason)
+        if _named(out, b"message_stop") or _named(out, b"error"):
+            self.finished = True
+        tokens = out.count(b"event: content_block_delta\n") + out.count(b"event:content_block_delta\n")
+        self.token_events += tokens
+        return tokens
 
     def _read_tgi_final(self, out: bytes) -> None:
         for event in out.split(b"\n\n"):

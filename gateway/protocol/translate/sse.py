@@ -3,6 +3,10 @@ of the readers that translate them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
+
 from gateway.protocol.errors import UpstreamUnavailable
 from gateway.upstream.failure import FailureKind
 from gateway.protocol.usage import Usage
@@ -72,6 +76,47 @@ class TranslatingReader:
             raise malformed(exc) from None
 
     def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
+        raise NotImplementedError
+
+
+class ChunkReader(TranslatingReader):
+    """A translating reader of an OpenAI engine's stream of JSON chunks: ``[DONE]``, chunks
+    after the end, the engine's error event and the token chunks, each to its own method."""
+
+    def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
+        out: list[bytes] = []
+        tokens = 0
+        for payload in payloads:
+            if payload == b"[DONE]":
+                if not self.finished:
+                    self._done(out)
+                continue
+            chunk = orjson.loads(payload)
+            if self.finished:
+                self._after_end(chunk)
+                continue
+            if "error" in chunk:  # the engine's own error event ends the stream
+                error = chunk["error"]
+                message = error.get("message") if isinstance(error, dict) else str(error)
+                out.append(self._error_event(str(message)))
+                self.finished = True
+                continue
+            tokens += self._chunk(chunk, out)
+        self.token_events += tokens
+        return b"".join(out), tokens
+
+    def _done(self, out: list[bytes]) -> None:
+        """``[DONE]`` came before the stream's end was written: write it."""
+        raise NotImplementedError
+
+    def _after_end(self, chunk: dict[str, Any]) -> None:
+        """A chunk after the end was written (the usage chunk, say)."""
+
+    def _error_event(self, message: str) -> bytes:
+        raise NotImplementedError
+
+    def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> int:
+        """One chunk's events written to ``out``; the tokens it holds."""
         raise NotImplementedError
 
 

@@ -19,6 +19,7 @@ import orjson
 from gateway import engines
 from gateway.engines import Engine
 from gateway.protocol.errors import Api, InvalidRequest
+from gateway.protocol.reasons import Reason
 from gateway.protocol.request import field
 
 # The engines a TGI client reaches through /v1/completions, in the table's column order.
@@ -199,7 +200,7 @@ def _validate(p: TgiParameters, stream: bool) -> None:
 class CannotHonour(InvalidRequest):
     """A TGI parameter the chosen engine has no equivalent for: refused, never dropped."""
 
-    reason = "unsupported_parameter"
+    reason = Reason.UNSUPPORTED_PARAMETER
 
 
 def refusal(p: TgiParameters, engine: Engine, stream: bool,

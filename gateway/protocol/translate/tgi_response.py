@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.engines import Engine
-from gateway.protocol.translate.sse import TranslatingReader, payloads
+from gateway.protocol.translate.sse import ChunkReader, payloads
 from gateway.protocol.translate.tgi_request import TgiParameters, mean_logprob
 from gateway.protocol.translate.generated_tokens import (Token, TokenTexts, choice_tokens, mark_eos,
                                                merged_tokens)
@@ -41,7 +41,7 @@ def _error_event(message: str, error_type: str = "generation") -> bytes:
     return DATA + orjson.dumps({"error": message, "error_type": error_type}) + b"\n\n"
 
 
-class TgiStream(TranslatingReader):
+class TgiStream(ChunkReader):
     """Reads an OpenAI engine's completion stream, writes TGI ``/generate_stream`` events.
 
     The relay's stream loop drives it like its same-dialect reader: ``feed`` returns the bytes
@@ -68,38 +68,28 @@ class TgiStream(TranslatingReader):
         # llama.cpp's own non-streamed text), so the final text ends with one.
         self.broken_tail = False
 
-    def _events(self, payloads: list[bytes]) -> tuple[bytes, int]:
-        out: list[bytes] = []
-        tokens = 0
-        for payload in payloads:
-            if payload == b"[DONE]":
-                if not self.finished:
-                    out.append(self._close())
-                continue
-            chunk = orjson.loads(payload)
-            if self.finished:  # after the final event: only the usage still counts
-                self._read_usage(chunk)
-                continue
-            if "error" in chunk:  # the engine's own error event ends the stream
-                error = chunk["error"]
-                message = error.get("message") if isinstance(error, dict) else str(error)
-                out.append(_error_event(str(message)))
-                self.finished = True
-                continue
-            if "usage" in chunk:
-                self._read_usage(chunk)
-            generated = self._generated_in(chunk)
-            reported = 0
-            for choice in chunk.get("choices") or ():
-                reported += self._choice(choice, out, generated)
-            if generated is None:  # a chunk the engine did not count: its tokens are counted
-                self.decoded += reported
-            tokens += reported
-            if self.finish is not None and self.held is not None and (
-                    not self.params.details or self.usage.completion_tokens is not None):
-                out.append(self._final())
-        self.token_events += tokens
-        return b"".join(out), tokens
+    def _done(self, out: list[bytes]) -> None:
+        out.append(self._close())
+
+    def _after_end(self, chunk: dict[str, Any]) -> None:
+        self._read_usage(chunk)  # after the final event: only the usage still counts
+
+    def _error_event(self, message: str) -> bytes:
+        return _error_event(message)
+
+    def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> int:
+        if "usage" in chunk:
+            self._read_usage(chunk)
+        generated = self._generated_in(chunk)
+        reported = 0
+        for choice in chunk.get("choices") or ():
+            reported += self._choice(choice, out, generated)
+        if generated is None:  # a chunk the engine did not count: its tokens are counted
+            self.decoded += reported
+        if self.finish is not None and self.held is not None and (
+                not self.params.details or self.usage.completion_tokens is not None):
+            out.append(self._final())
+        return reported
 
     def _read_usage(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")

@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 from gateway.canary.verdict import verdict
 from gateway.canary.samples import Sample, SampleBook
 from gateway.canary.stats import mann_whitney, median_change, two_proportions
-from gateway.config import CanaryJudgeConfig
+from gateway.canary.config import CanaryJudgeConfig
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -20,6 +20,7 @@ from gateway.dataplane.reply import Reply
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.fleet.model import Pool, ServedModel
 from gateway.fleet.replica import Replica
+from gateway.fleet.role import Role
 from gateway.metrics import GatewayMetrics
 from gateway.protocol.errors import (Api, EngineError, GatewayError, InvalidRequest,
                                      UpstreamTimeout, UpstreamUnavailable)
@@ -188,7 +189,7 @@ async def test_prefill_replicas_are_not_left_to_retry_an_answer_on() -> None:
     last = EngineError("boom", 503)
     s = Setup([last, None], role="decode")
     for prefill_only in s.replicas[1:]:
-        prefill_only.role = "prefill"
+        prefill_only.role = Role.PREFILL
     with pytest.raises(EngineError) as raised:  # the engine's failure, not "no replica"
         await s.serve()
     assert raised.value is last

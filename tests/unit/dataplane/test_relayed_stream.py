@@ -4,6 +4,7 @@ firing the stream's timer as the loop would (its real timer is armed far in the 
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Callable
 
@@ -13,7 +14,8 @@ import pytest
 from gateway.balance.ledger import InProcessLedger
 from gateway.config import TimeoutsConfig
 from gateway.dataplane.outcome import Attempt, Listener, Outcomes
-from gateway.dataplane.relay import Relay, RelayedStream
+from gateway.dataplane.relay import Relay
+from gateway.dataplane.relayed_stream import RelayedStream
 from gateway.dataplane.reply import Reply
 from gateway.fleet.replica import Replica
 from gateway.protocol.errors import UpstreamTimeout, UpstreamUnavailable
@@ -242,3 +244,55 @@ async def test_a_client_that_leaves_aborts_the_stream_once() -> None:
     assert s.attempt.status == 499 and s.attempt.error is None and s.response.closed
     assert s.heard.calls == ["first_token", "ended"] and s.sink.data == b""
     assert s.ledger.load("r0").in_flight == 0
+
+
+class Resumes:
+    """A migrator that only records the streams handed to it (``gateway.migrate``)."""
+
+    stall_timeout = 3.0
+
+    def __init__(self) -> None:
+        self.resumed: list[str] = []
+
+    async def resume(self, stream: RelayedStream, log, plan, broken: Attempt,  # noqa: ANN001
+                     tried) -> None:  # noqa: ANN001
+        self.resumed.append(broken.broke or "")
+
+
+def ids_token(text: str, token_id: int) -> bytes:
+    return b"data: " + orjson.dumps({"id": "cmpl-1", "object": "text_completion",
+                                     "created": 1, "model": "m", "choices": [
+        {"index": 0, "text": text, "token_ids": [token_id]}]}) + b"\n\n"
+
+
+async def test_a_hung_replica_is_told_from_a_slow_token_by_its_other_streams() -> None:
+    """With migration, a stream silent for ``stall_timeout`` breaks only when every other
+    stream of its replica is silent too (``Replica.streamed_at``); then it goes on."""
+    from gateway.migrate.migrator import Continuable
+    from gateway.migrate.token_log import TokenLog
+
+    s = Setup()
+    migrator = Resumes()
+    s.relay.migrator = migrator  # type: ignore[assignment]
+    request = s.attempt.request
+    plan = Continuable(PassThrough(request), chat=False, strip=True)
+    reader = TokenLog(PassThrough(request).reader(), strip=True)
+    stream = RelayedStream(s.relay, s.attempt, s.response, reader, s.reply,  # type: ignore[arg-type]
+                           record=SimpleNamespace(), plan=plan)  # type: ignore[arg-type]
+    stream.on_body(ids_token("a", 5))
+    await stream.first()
+    stream.attach(s.sink)
+    replica = s.attempt.placement.replica
+    for _ in range(3):  # its other streams move: a slow token, not a hung engine
+        s.clock.now += 2.0
+        replica.streamed_at = s.clock.now
+        stream._timer.cancel()
+        stream._on_timer()
+        assert not stream.ended and not migrator.resumed
+    s.clock.now += migrator.stall_timeout  # and now nothing of its replica moves
+    stream._timer.cancel()
+    stream._on_timer()
+    await asyncio.sleep(0)
+    assert migrator.resumed == ["stall"] and s.attempt.error is FailureKind.STREAM_TIMEOUT
+    assert s.response.closed and s.lease.closed and not stream.ended  # it goes on elsewhere
+    stream.close()

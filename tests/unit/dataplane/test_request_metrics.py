@@ -7,6 +7,7 @@ from gateway.dataplane.listeners import RequestMetrics
 from gateway.dataplane.outcome import Outcomes, Refusal, RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.protocol.errors import Api
+from gateway.protocol.reasons import Reason
 from gateway.protocol.usage import Usage
 
 
@@ -20,10 +21,10 @@ def test_refusals_and_key_requests_are_counted_from_the_record() -> None:
     assert outcomes.ends and not outcomes.starts  # the edge skips the start call
     # Refused before admission: by model label and the client's protocol, and per key.
     refused = RequestRecord("a", Api.OPENAI, "/generate", 1.0, key="team",
-                            refusal=Refusal("rate_limited", "m", Api.TGI))
+                            refusal=Refusal(Reason.RATE_LIMITED, "m", Api.TGI))
     # No key at all: an unauthorized request counts under the empty key.
     anonymous = RequestRecord("b", Api.OPENAI, "/v1/completions", 1.0,
-                              refusal=Refusal("unauthorized", "unknown", Api.OPENAI))
+                              refusal=Refusal(Reason.UNAUTHORIZED, "unknown", Api.OPENAI))
     # Admitted and answered: the key's request and tokens; admitted but not answered: the
     # request alone.
     served = RequestRecord("c", Api.OPENAI, "/v1/completions", 1.0, key="team", model="m",

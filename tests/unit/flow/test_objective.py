@@ -9,6 +9,7 @@ import pytest
 from gateway.config import ObjectiveConfig
 from gateway.flow.objective import (DEFAULT_OBJECTIVE, NO_HEADERS, Objective, ObjectiveHeaders,
                                     PriorityNotAllowed, resolve)
+from gateway.api.intake import read_headers
 from gateway.protocol.errors import InvalidRequest
 
 
@@ -53,3 +54,17 @@ def test_a_bad_header_is_a_400_naming_it(headers: ObjectiveHeaders, named: str) 
     with pytest.raises(InvalidRequest) as bad:
         resolve(headers, None, None, None)
     assert bad.value.status == 400 and bad.value.param == named and named in bad.value.message
+
+
+def test_llm_d_s_header_names_are_read_as_ours() -> None:
+    """``x-llm-d-slo-ttft-ms`` and ``x-llm-d-slo-tpot-ms`` (llm-d's router's names) mean what
+    ``x-slo-ttft-ms`` and ``x-slo-tpot-ms`` do; a bad value's 400 names the header sent."""
+    def objective(*headers: tuple[bytes, bytes]) -> Objective:
+        return resolve(read_headers({"headers": list(headers)}).objective, None, None, None)
+
+    ours = objective((b"x-slo-ttft-ms", b"250"), (b"x-slo-tpot-ms", b"20"))
+    assert ours == Objective(0, 250.0, 20.0)
+    assert objective((b"x-llm-d-slo-ttft-ms", b"250"), (b"x-llm-d-slo-tpot-ms", b"20")) == ours
+    with pytest.raises(InvalidRequest) as bad:
+        objective((b"x-llm-d-slo-tpot-ms", b"soon"))
+    assert bad.value.param == "x-llm-d-slo-tpot-ms"

@@ -15,6 +15,7 @@ from gateway.dataplane.outcome import Attempt, Outcomes, Refusal, RequestRecord
 from gateway.fleet.replica import Replica
 from gateway.observe.access_log import AccessLog, entry, trace_id_of
 from gateway.protocol.errors import Api
+from gateway.protocol.reasons import Reason
 from gateway.protocol.request import GenerationRequest
 from gateway.protocol.usage import Usage
 from support import wait_until_async
@@ -22,7 +23,7 @@ from support import wait_until_async
 FIELDS = {"time", "request_id", "trace_id", "api", "route", "model", "pool", "replica", "engine",
           "key", "stream", "status", "error", "attempts", "retries", "queue_wait_s", "ttft_s",
           "itl_mean_s", "e2e_s", "prompt_tokens", "output_tokens", "finish_reason",
-          "client_left"}
+          "client_left", "migrated"}
 
 
 def served(traceparent: bytes | None = None) -> RequestRecord:
@@ -38,6 +39,7 @@ def served(traceparent: bytes | None = None) -> RequestRecord:
         record.attempts.append(one)
     failed, ok = record.attempts
     failed.end(502, FailureKind.CONNECT)
+    failed.retried = True  # as the retry loop marks it
     ok.answered, ok.first_at, ok.last_at = True, 10.5, 11.5
     ok.usage = Usage(20, 5, "length")
     ok.end(200)
@@ -49,7 +51,7 @@ def test_a_line_has_every_field_and_no_text() -> None:
     line = entry(served(), now_wall=1_700_000_002.0, now=12.0)
     assert set(line) == FIELDS
     assert line["time"] == "2023-11-14T22:13:20.000+00:00"  # arrival: 2 s before "now"
-    assert line["attempts"] == 2 and line["retries"] == 1
+    assert line["attempts"] == 2 and line["retries"] == 1 and line["migrated"] is None
     assert line["replica"] == "r1" and line["pool"] == "stable" and line["engine"] == "vllm"
     assert line["queue_wait_s"] == 0.25 and line["ttft_s"] == 0.5 and line["e2e_s"] == 2.0
     assert line["itl_mean_s"] == 0.25  # 4 gaps in 1 s
@@ -75,7 +77,7 @@ def test_a_bad_traceparent_gives_no_trace_id(bad: bytes) -> None:
 
 def test_a_refused_request_has_its_error_and_no_replica() -> None:
     record = RequestRecord("r", Api.OPENAI, "/v1/completions", 1.0, status=400,
-                           refusal=Refusal("context_length", "m", Api.OPENAI), ended_at=1.001)
+                           refusal=Refusal(Reason.CONTEXT_LENGTH, "m", Api.OPENAI), ended_at=1.001)
     line = entry(record, 100.0, 1.001)
     assert line["replica"] is None and line["attempts"] == 0 and line["retries"] == 0
     assert line["error"] == "context_length" and line["status"] == 400

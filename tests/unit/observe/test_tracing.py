@@ -57,6 +57,7 @@ def served_with_retry(outcomes: Outcomes, traceparent: bytes | None = None) -> R
     header = outcomes.sending(first, record)
     assert header and header[0][0] == b"traceparent"
     first.end(502, FailureKind.HTTP_5XX)
+    first.retried = True  # as the retry loop marks it
     first.ended_at = 100.005
     outcomes.ended(first)
     second = attempt(record, "r1", 100.010)
