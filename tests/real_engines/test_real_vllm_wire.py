@@ -464,7 +464,10 @@ def test_the_simulator_answers_in_the_engines_shapes(engine: Engine, simulated_v
 def test_the_simulator_groups_tokens_in_chunks_as_the_engine_does(
         engine: Engine, simulated_vllm: str, path: str, body: dict[str, Any]) -> None:
     """`stream_interval` 4: the first token in a chunk of its own, then four to a chunk, the
-    rest with the last; each chunk's logprobs cover its tokens."""
+    rest with the last; each chunk's logprobs cover its tokens. The engine merges chunks its
+    API server had not sent yet when the next came (a loaded machine: CI once saw [1, 4, 5]),
+    so each of its answers must be the simulator's chunks, some merged, and one of a few
+    answers exactly them."""
     body = {**body, "model": "tiny", "max_tokens": 10, "stream": True, "stream_interval": 4,
             "ignore_eos": True}
 
@@ -475,7 +478,20 @@ def test_the_simulator_groups_tokens_in_chunks_as_the_engine_does(
         return [len(lp["content"] if "content" in lp else lp["tokens"])
                 for lp in logprobs if lp]
 
-    assert sizes(engine.url) == sizes(simulated_vllm) == [1, 4, 4, 1]
+    assert sizes(simulated_vllm) == [1, 4, 4, 1]
+    seen = []
+    for _ in range(5):
+        seen.append(sizes(engine.url))
+        assert _boundaries(seen[-1]) <= _boundaries([1, 4, 4, 1]), seen
+        assert sum(seen[-1]) == 10, seen
+        if seen[-1] == [1, 4, 4, 1]:
+            break
+    assert seen[-1] == [1, 4, 4, 1], seen
+
+
+def _boundaries(sizes: list[int]) -> set[int]:
+    """Where each chunk ends, counted in tokens: merged chunks lose a boundary, never gain one."""
+    return {sum(sizes[:i + 1]) for i in range(len(sizes))}
 
 
 def test_the_simulator_lists_its_model_and_metrics_as_the_engine_does(
