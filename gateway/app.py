@@ -27,6 +27,9 @@ from gateway.api.admin_view import AdminView
 from gateway.api.generation import GenerationEndpoint
 from gateway.api.intake import Admitted
 from gateway.balance.ledger import InProcessLedger, LoadLedger
+from gateway.autoscale.autoscaler import Autoscaler
+from gateway.autoscale.hold import ScaleFromZero
+from gateway.autoscale.metrics import AutoscaleMetrics
 from gateway.balance.output_estimate import OutputEstimate
 from gateway.balance.policy import make_policy
 from gateway.canary.agreement import Agreement
@@ -111,6 +114,12 @@ class Gateway:
                              signals_max_age=scheduling.signals_interval
                              * scheduling.signals_max_age, flow=settings.flow_control)
         self.metrics = make_metrics(settings.metrics)
+        # What the autoscaler should do (desired replicas), and scale from zero.
+        self.scale_from_zero = ScaleFromZero(settings.autoscale.scale_from_zero)
+        self.autoscaler = Autoscaler(settings.autoscale, self.models, self.ledger, self.placer,
+                                     self.scale_from_zero.held)
+        self.metrics.read_on_scrape(AutoscaleMetrics(self.metrics.registry, self.autoscaler,
+                                                     self.scale_from_zero.held_by_model).read)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(self.metrics.registry)
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)
@@ -153,6 +162,7 @@ class Gateway:
                                   ObjectiveMetrics(self.metrics, self.placer.latency,
                                                    self.placer.queued_by_priority),
                                   MigrationMetrics(self.metrics, self.models),
+                                  self.autoscaler,
                                   *self.observers])
         self.retry_budget = RetryBudget(settings.retries.budget_ratio,
                                         settings.retries.min_retries_per_second)
@@ -277,6 +287,7 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.shadows.close()
+        await self.scale_from_zero.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                YamlConfigSettingsSource)
 
+from gateway.autoscale.config import AutoscaleConfig
 from gateway.balance import POLICIES
 from gateway.canary.config import CanaryConfig
 from gateway.engines import NAMES as ENGINE_NAMES
@@ -85,7 +86,9 @@ class PoolConfig(_Strict):
     name: str = "default"
     weight: float = Field(100.0, ge=0, description="share of the model's primary traffic; "
                           "ignored for a shadow pool")
-    replicas: list[ReplicaConfig] = Field(min_length=1)
+    replicas: list[ReplicaConfig] = Field(default_factory=list, description="none: scaled to "
+                                          "zero until the admin API adds one "
+                                          "(autoscale.scale_from_zero)")
     shadow_of: str | None = Field(None, description="canary: this pool gets a copy of a sample "
                                   "of that pool's requests, and no primary traffic")
     sample: float = Field(0.1, ge=0, le=1, description="with shadow_of: share of the requests "
@@ -408,6 +411,7 @@ class Settings(BaseSettings):
     migration: MigrationConfig = MigrationConfig()
     backpressure: BackpressureConfig = BackpressureConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
+    autoscale: AutoscaleConfig = AutoscaleConfig()
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish streams")
     client_body_timeout: float = Field(30.0, gt=0, description="seconds to receive a body")
     admin_token: str | None = Field(None, description="bearer token of /admin; unset = off")

@@ -22,6 +22,8 @@ from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEA
 
 if TYPE_CHECKING:
     from gateway.access.control import AccessControl, Grant
+    from gateway.autoscale.autoscaler import Autoscaler
+    from gateway.autoscale.hold import ScaleFromZero
     from gateway.dataplane.admission import Admission, Admitter
     from gateway.dataplane.outcome import RequestRecord
     from gateway.fleet.model import ServedModel
@@ -101,6 +103,8 @@ class Gate(Protocol):
     admitter: "Admitter"
     access: "AccessControl"
     draining: bool
+    scale_from_zero: "ScaleFromZero"
+    autoscaler: "Autoscaler"
 
 
 @dataclass(slots=True)
@@ -130,17 +134,21 @@ async def admit(gateway: Gate, headers: Headers, read_body: Callable[[], Awaitab
     caller = key.caller if key is not None else None
     context = (Context(headers.session, headers.pool, caller)
                if headers.session or headers.pool or caller else NO_CONTEXT)
+    model = gateway.admitter.model_for(request.model, request.api)
+    if headers.objective is not NO_HEADERS or model.objective is not None or \
+            key is not None:  # priority and latency objectives (gateway.flow)
+        context = context._replace(objective=resolve(
+            headers.objective, key.objective if key is not None else None,
+            key.priority_ceiling if key is not None else None, model.objective))
+    # Scaled to zero: wait for a replica to appear (gateway.autoscale.hold).
+    await gateway.scale_from_zero.wait_for_replica(model, context.objective.priority)
     preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
     if preparing is None:                          # Response's replica, a long count
         model, admission = gateway.admitter.admit(request, context)
     else:
         model, admission = gateway.admitter.admit(request, context, await preparing)
     record.model = model.name
-    if headers.objective is not NO_HEADERS or model.objective is not None or \
-            key is not None:  # priority and latency objectives (gateway.flow)
-        context = context._replace(objective=resolve(
-            headers.objective, key.objective if key is not None else None,
-            key.priority_ceiling if key is not None else None, model.objective))
+    gateway.autoscaler.arrived(model.name, admission.cost.prompt_tokens)
     # The key's allowlist and limits: the caller settles the grant, however it ends.
     grant = await gateway.access.admit(key, model.name, admission.cost.prompt_tokens,
                                        admission.cost.output_tokens)

@@ -35,11 +35,15 @@ async def health() -> Response:
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
-    """Ready when every model has an available replica and the gateway is not draining."""
+    """Ready when every model has an available replica, or none at all while scale from zero
+    holds its requests (the gateway must take them: they are what scales it up), and the
+    gateway is not draining."""
     gateway = request.app.state.gateway
     models = {name: sum(r.available for r in model.replicas)
               for name, model in gateway.models.items()}
-    ok = not gateway.draining and all(models.values())
+    held = gateway.settings.autoscale.scale_from_zero.enabled
+    ok = not gateway.draining and all(
+        n or (held and not gateway.models[name].replicas) for name, n in models.items())
     return JSONResponse({"ready": ok, "draining": gateway.draining,
                          "available_replicas": models},
                         status_code=200 if ok else 503)

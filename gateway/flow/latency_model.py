@@ -99,6 +99,10 @@ class LatencyModels:
     def __init__(self) -> None:
         self._models: dict[tuple[str, str, str], LatencyModel] = {}
 
+    def find(self, model: str, pool: str, role: str) -> LatencyModel | None:
+        """The model of that pool and role, if any of its requests taught one yet."""
+        return self._models.get((model, pool, role))
+
     def of(self, replica: Replica) -> LatencyModel:
         key = (replica.model, replica.pool, replica.role)
         found = self._models.get(key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, KeysView, Sequence
 
 from gateway.kvcache.events import (AllBlocksCleared, BlockHash, BlockRemoved, BlockStored,
                                     EventBatch, ExtraKeys)
@@ -211,6 +211,10 @@ class ReplicaBlocks:
 
     def size(self) -> int:
         return len(self._blocks)
+
+    def keys(self) -> KeysView[int]:
+        """The keys of the blocks it holds (a view: what another replica may hold too)."""
+        return self._held.keys()
 
     # --- churn: how fast the engine's cache turns over ---
 

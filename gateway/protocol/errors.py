@@ -214,6 +214,20 @@ class ObjectiveUnattainable(Overloaded):
     reason = Reason.OBJECTIVE_UNATTAINABLE
 
 
+class ScaledToZero(GatewayError):
+    """The model has no replica (scaled to zero) and none appeared while the request was held
+    (``gateway.autoscale.hold``): 503 with ``Retry-After``, as an engine still starting."""
+
+    status = 503
+    openai_type = "server_error"
+    tgi_type = "overloaded"
+    code = "scaled_to_zero"
+    reason = Reason.SCALED_TO_ZERO
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after)})
+
+
 class Draining(GatewayError):
     """The gateway is shutting down: in-flight work finishes, new work goes elsewhere."""
 

@@ -27,6 +27,7 @@ class Reason(StrEnum):
     PRIORITY_NOT_ALLOWED = "priority_not_allowed"
     # Room for it.
     NO_REPLICA = "no_replica"
+    SCALED_TO_ZERO = "scaled_to_zero"
     OVERLOADED = "overloaded"
     QUEUE_FULL = "queue_full"
     SHED = "shed"
