@@ -387,22 +387,25 @@ def test_the_queries_return_the_instances_summed_signal_from_real_gateways(
     per_instance = f'{SIGNAL}{{model="{labels["model"]}",pool="{labels["pool"]}",' \
                    f'role="{labels["role"]}"}}'
     # The shipped gateway.yaml, its engines found by DNS swapped for a simulated replica on
-    # loopback, and no Redis: the model and pool are named as in the cluster.
+    # loopback, and no Redis: the model and pool are named as in the cluster. The signal
+    # follows demand at once (scale_down_after 0: no value held from before, so idle is 0).
     shipped = yaml.safe_load(base()[("ConfigMap", "llm-gateway")]["data"]["gateway.yaml"])
     [model] = [m for m in shipped["models"] if m["name"] == labels["model"]]
     with sim("vllm", model["name"], 8192) as replica:
         model = {**model, "replicas": [{"url": replica, "engine": "vllm"}]}
         config = {"models": [model], "default_model": shipped["default_model"],
-                  "health": {"interval": 0.5}}
+                  "health": {"interval": 0.5}, "autoscale": {"scale_down_after": 0}}
         with gateway_server(tmp_path, config) as (gw_a, _), \
                 gateway_server(tmp_path, config) as (gw_b, _), \
                 prometheus_scraping(tmp_path, [gw_a, gw_b]) as prom:
             # Before any request: each instance publishes 0, so the sum is 0 and KEDA stays
             # inactive (not above activationThreshold 0).
-            idle = wait_for_value(lambda: query(prom, per_instance), lambda got: len(got) == 2,
-                                  20, "Prometheus to scrape both gateways", every=0.25)
-            assert [value(s) for s in idle] == [0.0, 0.0], idle
-            [before] = query(prom, keda)
+            wait_for_value(lambda: query(prom, per_instance),
+                           lambda got: len(got) == 2 and all(value(s) == 0 for s in got), 20,
+                           "Prometheus to see both gateways idle", every=0.25)
+            at = time.time()
+            assert len(query(prom, per_instance, at)) == 2
+            [before] = query(prom, keda, at)
             assert value(before) == 0.0 <= float(
                 keda_trigger(scaled_object)["metadata"]["activationThreshold"])
 
