@@ -20,7 +20,8 @@ from gateway.autoscale.candidate import scale_down_candidates
 from gateway.autoscale.config import AutoscaleConfig
 from gateway.autoscale.demand import RecentDemand
 from gateway.autoscale.signal import (Demand, OperatingPoint, Smoother, desired_replicas,
-                                      operating_point, replicas, request_seconds)
+                                      operating_point, replicas, request_seconds,
+                                      with_headroom)
 from gateway.balance.ledger import LoadLedger
 from gateway.dataplane.outcome import Attempt, Listener, Prefill
 from gateway.dataplane.placement import Placer
@@ -39,7 +40,7 @@ class GroupSignal:
     role: Role
     replicas: int  # available now (taking requests)
     demand: Demand
-    point: OperatingPoint
+    point: OperatingPoint  # what a replica is sized to run (headroom below the most)
     request_seconds: float
     raw: float  # replicas' worth of demand now
     desired: float  # smoothed: what the autoscaler is told
@@ -131,13 +132,14 @@ class Autoscaler(Listener):
         point = operating_point(learned, ttft_ms, tpot_ms, prompt_tokens,
                                 self.placer.backpressure.max_in_flight_per_replica,
                                 self.config.target_in_flight)
-        raw = desired_replicas(demand, point, self.config.headroom)
+        sized = with_headroom(learned, point, self.config.headroom, prompt_tokens)
+        raw = desired_replicas(demand, sized)
         smoother = self._smoothers.get((model.name, pool.name, role))
         if smoother is None:
             smoother = self._smoothers[(model.name, pool.name, role)] = Smoother(
-                self.config.scale_down_after)
+                self.config.scale_down_after, now, sum(r.available for r in members))
         desired = smoother.update(now, raw)
         candidates = scale_down_candidates(members, self.ledger, replicas(desired))
         return GroupSignal(model.name, pool.name, role, sum(r.available for r in members),
-                           demand, point, request_seconds(demand, point), raw, desired,
+                           demand, sized, request_seconds(demand, sized), raw, desired,
                            tuple(r.name for r in candidates))

@@ -6,8 +6,8 @@
   ``AverageValue`` 1). Above 0 whenever anything was offered or is held.
 - Its inputs, so an operator sees why: ``llm_gateway_autoscale_offered_tokens_per_second
   {kind=prompt|output}``, ``..._arrivals_per_second``, ``..._concurrent_requests`` (running
-  and waiting now), ``..._replica_capacity_requests`` (requests a replica runs at once at the
-  operating point), ``..._request_seconds`` (what each then takes),
+  and waiting now), ``..._replica_capacity_requests`` (requests a replica is sized to run
+  at once: headroom below the operating point), ``..._request_seconds`` (what each then takes),
   ``..._replica_output_tokens_per_second`` (what a replica serves there),
   ``..._raw_desired_replicas`` (before smoothing), ``..._replicas`` (taking requests now).
 - ``llm_gateway_scale_down_candidate{model, pool, role, replica}``: when fewer replicas are
@@ -50,14 +50,14 @@ class AutoscaleMetrics:
         self.concurrent = gauge("llm_gateway_autoscale_concurrent_requests", "Requests of the "
                                 "pool running or waiting now.")
         self.capacity = gauge("llm_gateway_autoscale_replica_capacity_requests", "Requests "
-                              "one replica runs at once at the operating point (the most "
-                              "predicted to meet the objectives).", mode="livemax")
+                              "one replica is sized to run at once: headroom below the most "
+                              "predicted to meet the objectives.", mode="livemax")
         self.seconds = gauge("llm_gateway_autoscale_request_seconds", "Seconds a request "
-                             "takes on a replica at the operating point (predicted, else "
+                             "takes on a replica running that many (predicted, else "
                              "measured).", mode="livemax")
         self.throughput = gauge("llm_gateway_autoscale_replica_output_tokens_per_second",
-                                "Output tokens per second one replica serves at the operating "
-                                "point.", mode="livemax")
+                                "Output tokens per second one replica serves running that "
+                                "many.", mode="livemax")
         self.replicas = gauge("llm_gateway_autoscale_replicas", "Replicas of the pool taking "
                               "requests now.", mode="livemax")
         self.candidate = gauge("llm_gateway_scale_down_candidate", "Replicas to remove when "

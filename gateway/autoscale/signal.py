@@ -1,17 +1,17 @@
 """How many replicas a pool needs: pure arithmetic, fed by ``gateway.autoscale.autoscaler``.
 
 Little's law: a pool that takes ``arrivals`` requests a second, each staying ``W`` seconds on a
-replica, holds ``arrivals x W`` requests at once. A replica may run ``n`` of them at once and
-still meet the latency objectives (the operating point: the largest ``n`` the latency model
-predicts meets them), so the pool needs ``arrivals x W / n`` replicas, divided by
-``1 - headroom`` to keep some spare. ``W`` is predicted at that operating point (TTFT plus the
-mean output times TPOT), so the answer is what the pool needs at the objectives, not what it
+replica, holds ``arrivals x W`` requests at once. The latency model (fitted online from the
+pool's completed requests) says how many a replica may run at once and still be predicted to
+meet the latency objectives: the operating point. Replicas are sized to run ``headroom``
+fewer than that (bursts, a replica lost), and ``W`` is predicted there (TTFT plus the mean
+output times TPOT), so the answer is what the pool needs at the objectives, not what it
 happens to run at now. Requests already running or waiting count too: a backlog needs room
 whatever the arrival rate says.
 
-Without an objective or a fitted model, ``n`` is ``target_in_flight`` and ``W`` what requests
-took lately. The result is not rounded: several gateway instances each publish their share,
-and their sum, rounded up (KEDA does), is the fleet's need.
+Without an objective or a fitted model, the operating point is ``target_in_flight`` and ``W``
+what requests took lately. The result is not rounded: several gateway instances each publish
+their share, and their sum, rounded up (KEDA does), is the fleet's need.
 """
 
 from __future__ import annotations
@@ -84,14 +84,24 @@ def request_seconds(demand: Demand, point: OperatingPoint) -> float:
     return demand.seconds
 
 
-def desired_replicas(demand: Demand, point: OperatingPoint, headroom: float) -> float:
-    """Replicas' worth of demand (unrounded); more than 0 whenever anything is offered."""
-    concurrent = max(demand.arrivals * request_seconds(demand, point),
+def desired_replicas(demand: Demand, sized: OperatingPoint) -> float:
+    """Replicas' worth of demand (unrounded) for replicas each running ``sized.in_flight``;
+    more than 0 whenever anything is offered."""
+    concurrent = max(demand.arrivals * request_seconds(demand, sized),
                      float(demand.in_flight + demand.waiting))
-    need = concurrent / (point.in_flight * (1.0 - headroom))
-    if need == 0.0 and (demand.arrivals > 0 or demand.waiting > 0):
-        return 1.0 / point.in_flight  # a trickle, or a request held at zero: wake one up
-    return need
+    if concurrent == 0.0 and (demand.arrivals > 0 or demand.waiting > 0):
+        return 1.0 / sized.in_flight  # a trickle, or a request held at zero: wake one up
+    return concurrent / sized.in_flight
+
+
+def with_headroom(model: LatencyModel | None, point: OperatingPoint, headroom: float,
+                  prompt_tokens: float) -> OperatingPoint:
+    """The point replicas are sized to run at: ``headroom`` below the most they may run, and
+    what a request takes there (shorter than at the most: each request adds to every step)."""
+    target = max(1, math.floor(point.in_flight * (1.0 - headroom)))
+    if model is None or point.ttft is None:
+        return OperatingPoint(target)
+    return _predicted(model, target, prompt_tokens)
 
 
 class Smoother:
@@ -99,9 +109,12 @@ class Smoother:
     highest of the last ``scale_down_after`` seconds' evaluations (as Kubernetes' HPA
     stabilises scale-down). A replica started is not stopped by the next quiet minute."""
 
-    def __init__(self, scale_down_after: float) -> None:
+    def __init__(self, scale_down_after: float, now: float = 0.0, start: float = 0.0) -> None:
+        """``start``: the value at ``now``, when nothing has been seen yet (a gateway that just
+        started asks for the replicas there are until it has seen ``scale_down_after``
+        seconds: a restart must not look like a quiet spell)."""
         self.scale_down_after = scale_down_after
-        self._history: deque[tuple[float, float]] = deque()  # (time, value), values falling
+        self._history: deque[tuple[float, float]] = deque([(now, start)])  # values falling
 
     def update(self, now: float, value: float) -> float:
         history = self._history

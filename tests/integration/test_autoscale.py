@@ -142,8 +142,9 @@ def test_the_signal_rises_under_a_load_step_and_falls_after_it(tmp_path: Path) -
         config = _config([{"url": u, "engine": "vllm"} for u in urls],
                          target_in_flight=2, window=3, scale_down_after=2)
         gateway, _ = stack.enter_context(gateway_server(tmp_path, config))
-        idle = _desired(gateway)
-        assert idle == 0
+        # Just started, it asks for the replicas there are until it has seen 2 s; then,
+        # with nothing offered, for none.
+        wait_until(lambda: _desired(gateway) == 0, 10, "the signal at zero with no load")
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             streams = [pool.submit(_stream, gateway, 100) for _ in range(8)]  # ~2 s each
             wait_until(lambda: _desired(gateway) >= 4, 10,

@@ -10,7 +10,8 @@ import pytest
 from gateway.autoscale.candidate import scale_down_candidates
 from gateway.autoscale.demand import RecentDemand
 from gateway.autoscale.signal import (Demand, OperatingPoint, Smoother, desired_replicas,
-                                      operating_point, replicas, request_seconds)
+                                      operating_point, replicas, request_seconds,
+                                      with_headroom)
 from gateway.balance.ledger import InProcessLedger, ReplicaLoad
 from gateway.fleet.replica import Replica
 from gateway.flow.latency_model import LatencyModel, features
@@ -61,24 +62,37 @@ def test_littles_law_at_the_operating_point_with_headroom() -> None:
     point = OperatingPoint(20, ttft=0.5, tpot=0.05)
     demand = Demand(arrivals=10, prompt_tokens=1000, output_tokens=101)
     assert request_seconds(demand, point) == pytest.approx(5.5)
-    # 55 requests at once / (20 x (1 - 0.2)) = 3.4375 replicas' worth.
-    assert desired_replicas(demand, point, 0.2) == pytest.approx(55 / 16)
-    assert replicas(desired_replicas(demand, point, 0.2)) == 4
+    # 55 requests at once at 20 a replica: 2.75 replicas' worth.
+    assert desired_replicas(demand, point) == pytest.approx(55 / 20)
+    assert replicas(desired_replicas(demand, point)) == 3
+
+
+def test_headroom_sizes_replicas_below_the_operating_point_where_requests_are_quicker() -> None:
+    point = operating_point(ENGINE, None, 50.0, 1000, 1024, 8)  # 20 a replica at most
+    sized = with_headroom(ENGINE, point, 0.2, 1000)
+    assert sized.in_flight == 16
+    assert sized.tpot == pytest.approx(0.010 + 0.002 * 16, abs=1e-4)  # quicker than at 20
+    demand = Demand(arrivals=10, prompt_tokens=1000, output_tokens=101)
+    expected = 10 * (sized.ttft + 100 * sized.tpot) / 16
+    assert desired_replicas(demand, sized) == pytest.approx(expected)
+    # Not fitted: the target less the headroom, and the measured time.
+    assert with_headroom(None, OperatingPoint(8), 0.2, 1000) == OperatingPoint(6)
+    assert with_headroom(None, OperatingPoint(1), 0.5, 1000) == OperatingPoint(1)
 
 
 def test_requests_running_or_waiting_count_when_more_than_the_arrivals_say() -> None:
     point = OperatingPoint(4)
     backlog = Demand(arrivals=0.1, seconds=1.0, in_flight=6, waiting=10)
-    assert desired_replicas(backlog, point, 0.0) == pytest.approx(16 / 4)
+    assert desired_replicas(backlog, point) == pytest.approx(16 / 4)
 
 
 def test_a_trickle_or_a_held_request_wants_a_replica_and_nothing_wants_none() -> None:
     point = OperatingPoint(8)
-    assert desired_replicas(Demand(), point, 0.2) == 0
-    held = desired_replicas(Demand(waiting=1), point, 0.2)
+    assert desired_replicas(Demand(), point) == 0
+    held = desired_replicas(Demand(waiting=1), point)
     assert 0 < held and replicas(held) == 1
     # Arrivals with nothing measured yet (no request completed): still one.
-    assert replicas(desired_replicas(Demand(arrivals=0.01), point, 0.2)) == 1
+    assert replicas(desired_replicas(Demand(arrivals=0.01), point)) == 1
 
 
 def test_the_smoother_rises_at_once_and_falls_only_after_its_window() -> None:
@@ -89,6 +103,14 @@ def test_the_smoother_rises_at_once_and_falls_only_after_its_window() -> None:
     assert smoother.update(309, 1.5) == 5.0  # 5.0 at t=10 is still within 300 s
     assert smoother.update(311, 1.0) == 1.5  # then the highest since
     assert smoother.update(700, 0.0) == 0.0
+
+
+def test_a_smoother_just_started_asks_for_what_is_there_until_it_has_seen_its_window() -> None:
+    smoother = Smoother(scale_down_after=300, now=1000, start=3.0)
+    assert smoother.update(1000, 0.0) == 3.0  # a restart is not a quiet spell
+    assert smoother.update(1299, 0.5) == 3.0
+    assert smoother.update(1301, 0.5) == 0.5
+    assert smoother.update(1302, 4.0) == 4.0
 
 
 def test_the_smoother_does_not_flap_on_a_noisy_signal() -> None:
