@@ -116,8 +116,9 @@ class Gateway:
         self.metrics = make_metrics(settings.metrics)
         # What the autoscaler should do (desired replicas), and scale from zero.
         self.scale_from_zero = ScaleFromZero(settings.autoscale.scale_from_zero)
-        self.autoscaler = Autoscaler(settings.autoscale, self.models, self.ledger, self.placer,
-                                     self.scale_from_zero.held)
+        self.autoscaler = Autoscaler(
+            settings.autoscale, self.models, self.ledger, self.placer, self.scale_from_zero.held,
+            lambda: 1 + (len(self.shared.ledger.peers) if self.shared is not None else 0))
         self.metrics.read_on_scrape(AutoscaleMetrics(self.metrics.registry, self.autoscaler,
                                                      self.scale_from_zero.held_by_model).read)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.

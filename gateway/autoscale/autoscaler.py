@@ -62,12 +62,14 @@ def pool_shares(model: ServedModel) -> dict[str, float]:
 class Autoscaler(Listener):
     def __init__(self, config: AutoscaleConfig, models: dict[str, ServedModel],
                  ledger: LoadLedger, placer: Placer, held: Callable[[str], int] = lambda _: 0,
+                 instances: Callable[[], int] = lambda: 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.models = models
         self.ledger = ledger
         self.placer = placer
         self.held = held  # requests held at zero, per model (gateway.autoscale.hold)
+        self.instances = instances  # gateway instances sharing the fleet (redis_url), this one too
         self.clock = clock
         self.demand = RecentDemand(config.window)
         self._smoothers: dict[Group, Smoother] = {}
@@ -136,8 +138,10 @@ class Autoscaler(Listener):
         raw = desired_replicas(demand, sized)
         smoother = self._smoothers.get((model.name, pool.name, role))
         if smoother is None:
+            # Just started: its share of the replicas there are (see Smoother).
             smoother = self._smoothers[(model.name, pool.name, role)] = Smoother(
-                self.config.scale_down_after, now, sum(r.available for r in members))
+                self.config.scale_down_after, now,
+                sum(r.available for r in members) / max(1, self.instances()))
         desired = smoother.update(now, raw)
         candidates = scale_down_candidates(members, self.ledger, replicas(desired))
         return GroupSignal(model.name, pool.name, role, sum(r.available for r in members),

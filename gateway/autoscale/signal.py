@@ -111,8 +111,8 @@ class Smoother:
 
     def __init__(self, scale_down_after: float, now: float = 0.0, start: float = 0.0) -> None:
         """``start``: the value at ``now``, when nothing has been seen yet (a gateway that just
-        started asks for the replicas there are until it has seen ``scale_down_after``
-        seconds: a restart must not look like a quiet spell)."""
+        started asks for its share of the replicas there are until it has seen
+        ``scale_down_after`` seconds: a restart must not look like a quiet spell)."""
         self.scale_down_after = scale_down_after
         self._history: deque[tuple[float, float]] = deque([(now, start)])  # values falling
 
