@@ -105,9 +105,15 @@ def _abridge(text: str) -> str:
     return "\n".join(lines)
 
 
+_stopping = threading.Event()
+
+
 def _stop(signum: int, frame: Any) -> None:
-    """SIGINT and SIGTERM alike unwind ``run``, whose ``finally`` stops what it started."""
-    raise KeyboardInterrupt
+    """SIGINT and SIGTERM alike unwind ``run``, whose ``finally`` stops what it started; once
+    (``timeout`` and ``make`` each send one: a second must not cut that ``finally`` short)."""
+    if not _stopping.is_set():
+        _stopping.set()
+        raise KeyboardInterrupt
 
 
 Served = tuple[uvicorn.Server, threading.Thread]
