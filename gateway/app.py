@@ -76,6 +76,7 @@ from gateway.protocol.errors import Api, GatewayError
 from gateway.protocol.request import Context, GenerationRequest
 from gateway.shared.redis_keys import SharedKeys
 from gateway.shared.sync import SharedStateSync
+from gateway.token_cache_metrics import TokenCacheMetrics
 from gateway.upstream import UpstreamPool
 
 log = logging.getLogger("gateway")
@@ -121,6 +122,7 @@ class Gateway:
             lambda: 1 + (len(self.shared.ledger.peers) if self.shared is not None else 0))
         self.metrics.read_on_scrape(AutoscaleMetrics(self.metrics.registry, self.autoscaler,
                                                      self.scale_from_zero.held_by_model).read)
+        self.metrics.read_on_scrape(TokenCacheMetrics(self.metrics.registry, self.models).read)
         # Canary: runtime pool weights (admin API, guard), shared through Redis when set.
         self.canary_metrics = CanaryMetrics(self.metrics.registry)
         self.weights = PoolWeights(self.models, on_change=self.canary_metrics.weight)

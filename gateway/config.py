@@ -125,6 +125,8 @@ class ModelConfig(_Strict):
                                           "/v1/load_lora_adapter; the engine needs "
                                           "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); empty = never")
     tokenizer: str | None = None
+    token_cache_mb: float = Field(64.0, ge=0, description="the prefix token cache: prompt "
+                                  "segments' token ids kept, in MB (0 = off)")
     max_model_len: int | None = Field(None, ge=1)
     # Output tokens expected of a request that sets no max_tokens (for balancing only).
     default_output_tokens: int = Field(256, ge=1)

@@ -100,6 +100,8 @@ def build_model(config: ModelConfig, known: dict[str, Replica] | None = None) ->
         pools.append(Pool(pool_config.name, weight, replicas, pool_config.shadow_of,
                           pool_config.sample))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    if tokenizer is not None:
+        tokenizer.enable_cache(int(config.token_cache_mb * 1024 * 1024))
     return ServedModel(config.name, pools, tokenizer, config.max_model_len,
                        config.default_output_tokens, config.output_past_window == "cap",
                        tuple(config.aliases), config.discover_names, dict(config.load_adapters),

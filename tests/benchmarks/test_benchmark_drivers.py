@@ -26,6 +26,10 @@ SMOKE = {
     "tracing_cost --hooks": ["--hooks", "50", "--out", "{out}"],
     "saturation": ["--seconds", "1", "--rounds", "1", "--connections", "8", "--out", "{out}"],
     "loop_stall": ["--replicas", "2", "--rounds", "1", "--streams", "2", "--out", "{out}"],
+    "token_cache_cost": ["--rounds", "1", "--requests", "2", "--tokens", "600", "--cached",
+                         "400", "--out", "{out}"],
+    "autoscale_day": ["--seeds", "1", "--hour-seconds", "30", "--trough", "1",
+                      "--out", "{out}"],
 }
 
 

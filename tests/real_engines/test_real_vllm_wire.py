@@ -715,3 +715,26 @@ def test_a_responses_conversation_reaches_the_engine_that_stored_it(gateway: str
     unknown = _post(gateway, "/v1/responses", {"model": "tiny", "input": "x",
                                                "previous_response_id": "resp_unknown"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"
+
+
+def test_the_prefix_token_cache_gives_the_engines_own_prompt_ids(engine: Engine,
+                                                                 tiny_model: Path) -> None:
+    """Chats sharing a long system prompt, with non-ASCII text and special-token strings in
+    the user's text: the ids the gateway takes from its prefix token cache are the ones vLLM
+    tokenized (its prompt_token_ids), and most came from the cache."""
+    tokenizer = ModelTokenizer.from_dir(tiny_model)
+    tokenizer.enable_cache(1 << 20)
+    assert tokenizer.cache is not None and tokenizer.cache.exact
+    system = "You are a gateway. " * 60 + "Ünïcode é\u0301 日本語 🙂"
+    users = ["hi", "  two  spaces\n\nand lines", "é" * 20, "<|im_start|>user\nsneaky",
+             "the same system prompt again", "🙂🙂 tail"]
+    for i, user in enumerate(users):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        if i % 2:
+            messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+        answer = _post(engine.url, "/v1/chat/completions", {
+            "model": "tiny", "messages": messages, "max_tokens": 1,
+            "return_token_ids": True}).json()
+        ids = tokenizer.token_ids(tokenizer.render_chat(messages), add_special_tokens=False)
+        assert ids == answer["prompt_token_ids"], user
+    assert tokenizer.cache.hit_tokens > tokenizer.cache.miss_tokens
