@@ -66,7 +66,9 @@ def run(tokens: int, cached: int, rounds: int, n: int) -> dict[str, Any]:
     on = ModelTokenizer.from_dir(builtin_model_dir())
     on.enable_cache(64 << 20)
     system = _sized(off, cached, rng)
-    users = [_sized(off, tokens - cached - 20, random.Random(i)) for i in range(16)]
+    # A user message new every request (the rest of the prompt: never cached).
+    users = [_sized(off, tokens - cached - 20, random.Random(i))
+             for i in range(3 * (rounds * n + 3))]
     # Cold: a new system prompt each request (as long as the warm one, other words).
     colds = [_sized(off, cached, random.Random(1000 + i)) for i in range(rounds * n + 3)]
 
@@ -85,8 +87,8 @@ def run(tokens: int, cached: int, rounds: int, n: int) -> dict[str, Any]:
         "prompt_tokens": len(off.encode(prompt, add_special_tokens=False)),
         "cached_tokens": len(off.encode(system, add_special_tokens=False)),
         "off_us": timed(lambda i: request(off, system, i), n, rounds),
-        "warm_us": timed(lambda i: request(on, system, i), n, rounds),
-        "cold_us": timed(lambda i: request(on, colds[i], i), n, rounds),
+        "warm_us": timed(lambda i: request(on, system, i + rounds * n + 3), n, rounds),
+        "cold_us": timed(lambda i: request(on, colds[i], i + 2 * (rounds * n + 3)), n, rounds),
         "render_us": timed(lambda i: off.render_chat([{"role": "system", "content": system},
                                                       {"role": "user", "content": users[0]}]),
                            n, rounds),

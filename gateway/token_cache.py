@@ -121,8 +121,8 @@ class SegmentTokenCache:
                     else:
                         entries.move_to_end(part)
                         found[i] = cached
-        if missing:  # one call for every new segment (the GIL let go while it works)
-            encoded = self._encode_many([parts[i] for i in missing])
+        if missing:  # the GIL let go while each is tokenized
+            encoded = [self._encode_many([parts[i]])[0] for i in missing]
             with self._lock:
                 for i, ids in zip(missing, encoded):
                     found[i] = self._store(parts[i], tuple(ids))
