@@ -22,9 +22,10 @@ from gateway.epp import wire
 
 # Long streams: no route timeout, only an idle one (a stream that sends nothing that long).
 STREAM_IDLE_SECONDS = 300
-# Placement may queue the request (backpressure.queue_timeout): the picker's answer may
-# take that long.
-MESSAGE_TIMEOUT_SECONDS = 60
+# Placement may queue the request (backpressure.queue_timeout, 30 s), after a model scaled
+# to zero held it for a replica (autoscale.scale_from_zero.timeout, 120 s): the picker's
+# answer may take that long.
+MESSAGE_TIMEOUT_SECONDS = 160
 # Envoy's default limit of requests in flight on one cluster: retries may be as many.
 MAX_REQUESTS = 1024
 

@@ -257,3 +257,26 @@ def test_dns_entries_are_checked_when_the_config_loads(tmp_path: Path) -> None:
     path.write_text(json.dumps({**good, "dns": {"nameservers": ["dns.example:53"]}}))
     with pytest.raises(ConfigError, match="dns.nameservers|nameserver 'dns.example:53'"):
         load_settings(path)
+
+
+def test_a_name_with_no_address_holds_requests_until_a_pod_answers(tmp_path: Path) -> None:
+    """Scale from zero on a headless Service: no ready pod, so the name has no address; a
+    request waits at the gateway (gateway.autoscale.hold) and is served by the first pod
+    that appears."""
+    port = port_free_on_every_host()
+    with dns_server() as (nameserver, answers), \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answers.set(NAME, [])  # the name exists; no pod is ready
+        config = {"models": [{"name": MODEL,
+                              "replicas": [{"dns": NAME, "port": port, "engine": "vllm"}]}],
+                  "dns": {"nameservers": [nameserver], "interval": 0.2, "timeout": 1.0},
+                  "health": {"interval": 0.5, "timeout": 1.0}, "admin_token": "admin-token",
+                  "autoscale": {"scale_from_zero": {"timeout": 30}}}
+        with gateway_server(tmp_path, config) as (gateway, _):
+            assert fleet(gateway) == {}
+            held = pool.submit(stream, gateway, 5)
+            time.sleep(1.5)
+            assert not held.done()
+            with sim("vllm", MODEL, 4096, *PACED, host=HOSTS[1], port=port):
+                answers.set(NAME, [HOSTS[1]])
+                assert held.result(timeout=30) == (f"{HOSTS[1]}:{port}", 5)
