@@ -150,13 +150,13 @@ def decode_kv_batch(payload: bytes) -> EventBatch:
 
 def _event_map(event: KvEvent) -> dict[str, Any]:
     if isinstance(event, BlockStored):
-        return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
-                "parent_block_hash": event.parent_block_hash,
-                "token_ids": list(event.token_ids), "block_size": event.block_size,
-                "lora_id": None, "medium": event.medium, "lora_name": event.lora_name,
-                "extra_keys": ([list(e) if e is not None else None for e in event.extra_keys]
-                               if event.extra_keys is not None else None),
-                "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+        fields = {"type": "BlockStored", "block_hashes": list(event.block_hashes),
+                  "parent_block_hash": event.parent_block_hash,
+                  "token_ids": list(event.token_ids), "block_size": event.block_size,
+                  "lora_id": None, "medium": event.medium, "lora_name": event.lora_name}
+        if event.extra_keys is not None:  # (msgspec's omit_defaults leaves None out)
+            fields["extra_keys"] = [list(e) if e is not None else None for e in event.extra_keys]
+        return {**fields, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes),
                 "medium": event.medium}
@@ -166,7 +166,7 @@ def _event_map(event: KvEvent) -> dict[str, Any]:
 def _event_array(event: KvEvent) -> list[Any]:
     fields = _event_map(event)
     kind = fields["type"]
-    return [kind, *(fields[name] for name in _POSITIONAL[kind])]
+    return [kind, *(fields.get(name) for name in _POSITIONAL[kind])]
 
 
 def encode_kv_batch(ts: float, events: list[KvEvent], rank: int | None = 0,

@@ -3,7 +3,8 @@
 
 - a PUB socket, bound; each batch (one engine step's events) is three frames: the topic,
   the sequence number (8 bytes, big-endian; 0 first, one more per batch) and the payload,
-  ``encode_kv_batch(ts, events, rank=0)`` (msgpack ``[ts, [events...], 0]``);
+  ``gateway.sim.kv_wire.encode_batch(ts, events, rank=0)`` (msgpack ``[ts, [events...], 0]``,
+  the simulator's own encoding of vLLM's structs);
 - the last ``buffer_steps`` batches (10,000) kept for replay;
 - a ROUTER replay socket, bound: ``[identity, b"", start]`` (8 bytes, big-endian) is
   answered with ``[identity, b"", topic, seq, payload]`` for every buffered batch from
@@ -30,8 +31,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from gateway.engines.vllm import encode_kv_batch
 from gateway.kvcache.events import KvEvent
+from gateway.sim.kv_wire import encode_batch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 BUFFER_STEPS = 10_000  # vLLM's buffer_steps default
@@ -111,7 +112,7 @@ class KvEventPublisher:
     async def publish(self, events: list[KvEvent]) -> None:
         """One batch: numbered, buffered, sent (unless a fault says otherwise)."""
         assert self._pub is not None, "start() first"
-        payload = encode_kv_batch(self.wall(), events, rank=0, positional=self.config.positional)
+        payload = encode_batch(self.wall(), events, rank=0, positional=self.config.positional)
         faults = self.faults
         if faults is not None and faults.kv_garbage > 0:
             faults.kv_garbage -= 1
