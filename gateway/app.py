@@ -45,7 +45,7 @@ from gateway.dataplane import listeners
 from gateway.dataplane.admission import Admitter, Prepared
 from gateway.dataplane.attempts import Attempts
 from gateway.dataplane.outcome import Outcomes, RequestRecord
-from gateway.dataplane.placement import Placer
+from gateway.dataplane.placement import PlacementRequest, Placer
 from gateway.dataplane.prefill import Prefiller
 from gateway.dataplane.prefill_metrics import PrefillMetrics
 from gateway.flow.metrics import ObjectiveMetrics
@@ -116,6 +116,7 @@ class Gateway:
                              * scheduling.signals_max_age, flow=settings.flow_control)
         self.metrics = make_metrics(settings.metrics)
         # What the autoscaler should do (desired replicas), and scale from zero.
+        self.objectives = settings.objectives  # named: x-llm-d-inference-objective
         self.scale_from_zero = ScaleFromZero(settings.autoscale.scale_from_zero)
         self.autoscaler = Autoscaler(
             settings.autoscale, self.models, self.ledger, self.placer, self.scale_from_zero.held,
@@ -256,7 +257,7 @@ class Gateway:
             # last one, and the session's next request would lose its replica affinity.
             admission.cost.session = None
             # Never queued: a copy waiting for a slot would take a client's place.
-            placement = await self.placer.place(model, admission, wait=False)
+            placement = await self.placer.place(PlacementRequest(model, admission, wait=False))
         except GatewayError as error:
             raise NotSent(error) from error
         return await self.relay.forward(request, placement, record)

@@ -413,6 +413,9 @@ class Settings(BaseSettings):
     migration: MigrationConfig = MigrationConfig()
     backpressure: BackpressureConfig = BackpressureConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
+    objectives: dict[str, ObjectiveConfig] = Field(
+        default_factory=dict, description="named objectives (llm-d's InferenceObjectives): a "
+        "request's x-llm-d-inference-objective header names one for its defaults")
     autoscale: AutoscaleConfig = AutoscaleConfig()
     drain_timeout: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish streams")
     client_body_timeout: float = Field(30.0, gt=0, description="seconds to receive a body")

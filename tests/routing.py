@@ -3,7 +3,7 @@ that drive them directly (no HTTP)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from gateway.balance.ledger import LoadLedger
 from gateway.balance.output_estimate import OutputEstimate
@@ -11,7 +11,8 @@ from gateway.balance.policy import Policy
 from gateway.balance.pool_split import PoolSplit
 from gateway.config import BackpressureConfig, FlowControlConfig
 from gateway.dataplane.admission import Admission, Admitter
-from gateway.dataplane.placement import Placement, Placer
+from gateway.dataplane.placement import Placement, PlacementRequest, Placer
+from gateway.fleet.replica import Replica
 from gateway.fleet.model import ServedModel
 from gateway.protocol.request import GenerationRequest
 
@@ -30,8 +31,11 @@ class Routing:
     def admit(self, request: GenerationRequest) -> tuple[ServedModel, Admission]:
         return self.admitter.admit(request)
 
-    async def place(self, *args: Any, **kwargs: Any) -> Placement:
-        return await self.placer.place(*args, **kwargs)
+    async def place(self, model: ServedModel, admission: Admission,
+                    exclude: Sequence[Replica] = (), **ask: Any) -> Placement:
+        """``Placer.place`` with its request's fields as arguments."""
+        return await self.placer.place(PlacementRequest(model, admission,
+                                                        exclude=tuple(exclude), **ask))
 
     def queued(self, model: str) -> int:
         return self.placer.queued(model)

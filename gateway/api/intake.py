@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple, Protocol
 
 from gateway.balance.pool_split import MAX_POOL_CHARS, POOL_HEADER
-from gateway.flow.objective import (LLMD_TPOT_HEADER, LLMD_TTFT_HEADER, NO_HEADERS,
-                                    PRIORITY_HEADER, STRICT_HEADER, TPOT_HEADER, TTFT_HEADER,
-                                    ObjectiveHeaders, resolve)
+from gateway.flow.objective import (LLMD_TPOT_HEADER, LLMD_TTFT_HEADER, MAX_OBJECTIVE_NAME,
+                                    NO_HEADERS, OBJECTIVE_NAME_HEADERS, PRIORITY_HEADER,
+                                    STRICT_HEADER, TPOT_HEADER, TTFT_HEADER, ObjectiveHeaders,
+                                    resolve)
 from gateway.protocol.errors import Api, Draining, InvalidRequest
 from gateway.protocol.reasons import Reason
 from gateway.protocol.request import (MAX_SESSION_CHARS, NO_CONTEXT, SESSION_HEADER, Context,
@@ -24,11 +25,15 @@ if TYPE_CHECKING:
     from gateway.access.control import AccessControl, Grant
     from gateway.autoscale.autoscaler import Autoscaler
     from gateway.autoscale.hold import ScaleFromZero
+    from gateway.config import ObjectiveConfig
     from gateway.dataplane.admission import Admission, Admitter
     from gateway.dataplane.outcome import RequestRecord
     from gateway.fleet.model import ServedModel
 
 MAX_HEADER_BYTES = 64 * 1024
+# llm-d's fairness id (and the Inference Extension's older name): the flow a request shares
+# the queue fairly in, when no API key says it.
+FAIRNESS_HEADERS = (b"x-llm-d-inference-fairness-id", b"x-gateway-inference-fairness-id")
 
 
 def new_request_id() -> str:
@@ -51,6 +56,8 @@ class Headers(NamedTuple):
     traceparent: bytes | None  # W3C trace context, for tracing and the access log
     tracestate: bytes | None
     objective: ObjectiveHeaders = NO_HEADERS  # x-gateway-priority, x-slo-*
+    objective_name: str | None = None  # x-llm-d-inference-objective (an InferenceObjective)
+    fairness: str | None = None  # x-llm-d-inference-fairness-id (the queue's flow, keys off)
 
 
 # Each objective header's place in ObjectiveHeaders; the objectives' names come 3 places on.
@@ -65,6 +72,7 @@ def read_headers(scope: dict) -> Headers:
     the request is refused before anything is read or reserved.
     """
     request_id = session = pool = authorization = traceparent = tracestate = None
+    objective_name = fairness = None
     objective: list | None = None
     size = 0
     for key, value in scope["headers"]:
@@ -85,6 +93,10 @@ def read_headers(scope: dict) -> Headers:
             traceparent = value
         elif key == b"tracestate":
             tracestate = value
+        elif key in OBJECTIVE_NAME_HEADERS and 0 < len(value) <= MAX_OBJECTIVE_NAME:
+            objective_name = value.decode("latin-1")
+        elif key in FAIRNESS_HEADERS and 0 < len(value) <= MAX_SESSION_CHARS:
+            fairness = value.decode("latin-1")
         elif key in _OBJECTIVE_HEADERS:
             objective = objective or [*NO_HEADERS]
             place = _OBJECTIVE_HEADERS[key]
@@ -94,7 +106,8 @@ def read_headers(scope: dict) -> Headers:
     if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"request headers are larger than {MAX_HEADER_BYTES} bytes")
     return Headers(request_id or new_request_id(), session, pool, authorization, traceparent,
-                   tracestate, NO_HEADERS if objective is None else ObjectiveHeaders(*objective))
+                   tracestate, NO_HEADERS if objective is None else ObjectiveHeaders(*objective),
+                   objective_name, fairness)
 
 
 class Gate(Protocol):
@@ -105,6 +118,7 @@ class Gate(Protocol):
     draining: bool
     scale_from_zero: "ScaleFromZero"
     autoscaler: "Autoscaler"
+    objectives: "dict[str, ObjectiveConfig]"  # named (InferenceObjectives), from the config
 
 
 @dataclass(slots=True)
@@ -132,14 +146,18 @@ async def admit(gateway: Gate, headers: Headers, read_body: Callable[[], Awaitab
     body = await read_body()
     request = record.request = parse(body)
     caller = key.caller if key is not None else None
-    context = (Context(headers.session, headers.pool, caller)
-               if headers.session or headers.pool or caller else NO_CONTEXT)
+    # The queue's flow: the key's (a client cannot claim another's share), else the client's
+    # fairness id (llm-d's header), else one flow for all.
+    flow = caller.name if caller is not None else headers.fairness
+    context = (Context(headers.session, headers.pool, caller, flow=flow)
+               if headers.session or headers.pool or flow else NO_CONTEXT)
     model = gateway.admitter.model_for(request.model, request.api)
+    named = gateway.objectives.get(headers.objective_name) if headers.objective_name else None
     if headers.objective is not NO_HEADERS or model.objective is not None or \
-            key is not None:  # priority and latency objectives (gateway.flow)
+            key is not None or named is not None:  # priority and objectives (gateway.flow)
         context = context._replace(objective=resolve(
             headers.objective, key.objective if key is not None else None,
-            key.priority_ceiling if key is not None else None, model.objective))
+            key.priority_ceiling if key is not None else None, model.objective, named))
     # Scaled to zero: wait for a replica to appear (gateway.autoscale.hold).
     await gateway.scale_from_zero.wait_for_replica(model, context.objective.priority)
     preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored

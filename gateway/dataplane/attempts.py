@@ -16,13 +16,13 @@ its KV is still where the prefill left it); otherwise the next decode replica ge
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gateway.canary import shadow
-from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.admission import Admission
 from gateway.dataplane.outcome import Outcomes, Prefill, RequestRecord
-from gateway.dataplane.placement import Placer
+from gateway.dataplane.placement import PlacementRequest, Placer
 from gateway.dataplane.prefill import Prefiller
 from gateway.dataplane.relay import Relay
 from gateway.dataplane.reply import Reply
@@ -56,20 +56,16 @@ class Attempts:
         placement's refusal) when none does."""
         self.budget.request()
         tried: list[Replica] = []
-        key = sticky_key(request, context)
+        ask = PlacementRequest.of(request, context, model, admission)
         prefill: Prefill | None = None
         while True:
-            placement = await self.placer.place(model, admission, exclude=tried, key=key,
-                                                caller=context.caller,
-                                                objective=context.objective,
-                                                streamed=request.stream)
+            placement = await self.placer.place(replace(ask, exclude=tuple(tried)))
             if placement.replica.role is not Role.DECODE:
                 prefill = None
             elif prefill is None and self.prefiller is not None:
                 try:
                     prefill = await self.prefiller.prefill(request, placement,
-                                                           record.request_id, key,
-                                                           context.caller)
+                                                           record.request_id)
                 except BaseException:
                     placement.lease.close()
                     raise

@@ -18,7 +18,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Collection
+from typing import Callable
 
 from gateway.balance.adapter_affinity import prefer_adapter
 from gateway.balance.fair_queue import FairQueue, Ticket
@@ -36,7 +36,33 @@ from gateway.fleet.role import Role
 from gateway.dataplane.admission import Admission
 from gateway.protocol.errors import (NoReplicaAvailable, ObjectiveUnattainable, Overloaded,
                                      QueueFull, Shed)
-from gateway.protocol.request import Caller
+from gateway.balance.pool_split import sticky_key
+from gateway.protocol.request import Caller, Context, GenerationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    """What placement is asked, in one value: built once per request (``of``), then narrowed
+    per try with ``dataclasses.replace`` (a retry's ``exclude``, a prefill's
+    ``prefill_for``)."""
+
+    model: ServedModel
+    admission: Admission
+    key: str | None = None  # keeps a client in one pool (gateway.balance.pool_split)
+    caller: Caller | None = None  # the API key that sent it (keys on): its weight
+    objective: Objective = DEFAULT_OBJECTIVE  # its priority band and latency objectives
+    flow: str | None = None  # whose share of the queue it waits in (its key's, or fairness id)
+    streamed: bool = True  # its first token will be seen (``LoadLedger.lease``)
+    exclude: tuple[Replica, ...] = ()  # replicas this request already tried
+    wait: bool = True  # False: refused at once instead of queueing (shadow copies)
+    prefill_for: Replica | None = None  # a decode replica: place its prefill instead
+
+    @classmethod
+    def of(cls, request: GenerationRequest, context: Context, model: ServedModel,
+           admission: Admission) -> "PlacementRequest":
+        """A client request's, whichever edge admitted it."""
+        return cls(model, admission, sticky_key(request, context), context.caller,
+                   context.objective, context.flow, request.stream)
 
 
 @dataclass(slots=True)
@@ -48,13 +74,21 @@ class Placement:
     admission: Admission
     replica: Replica
     lease: Lease
-    caller: Caller | None = None  # whose share of the queue it waited in (keys on)
+    ask: PlacementRequest  # what it answers (a retry, a prefill or a continuation narrows it)
     queued_for: float = 0.0  # seconds spent waiting for a free slot
     asked: int = 0  # output tokens the request may generate (max_tokens x choices)
     outputs: OutputEstimate | None = None
     name: str = ""  # the model name served (an alias, an adapter, or the model's own)
-    objective: Objective = DEFAULT_OBJECTIVE
     prediction: Prediction | None = None  # the replica's predicted latency (flow.predict)
+
+    @property
+    def objective(self) -> Objective:
+        return self.ask.objective
+
+    @property
+    def caller(self) -> Caller | None:
+        """Whose share of the queue it waited in (keys on)."""
+        return self.ask.caller
 
     def served(self, generated: int | None) -> None:
         """The replica completed the request: teach the estimate how much of its ask it
@@ -98,43 +132,39 @@ class Placer:
         self.split = split or PoolSplit(rng=self.rng)
         self._waiters: dict[str, FairQueue] = {}  # per model
 
-    async def place(self, model: ServedModel, admission: Admission,
-                    exclude: Collection[Replica] = (), key: str | None = None,
-                    wait: bool = True, caller: Caller | None = None,
-                    prefill_for: Replica | None = None,
-                    objective: Objective = DEFAULT_OBJECTIVE, streamed: bool = True) -> Placement:
+    async def place(self, ask: PlacementRequest) -> Placement:
         """Pick an available replica with a free slot and reserve the request's cost there.
 
         While every available replica is at its in-flight limit the request waits in the
-        model's bounded queue, served fairly across ``caller``s (gateway.balance.fair_queue);
+        model's bounded queue, served fairly across callers (gateway.balance.fair_queue);
         a full queue, a caller's full share of it or a wait past ``queue_timeout`` is a 429.
-        ``exclude`` holds replicas already tried by this request (retries); ``key`` keeps
-        a client in one pool (``gateway.balance.pool_split``). Without ``wait`` a request that
-        finds no free slot is refused at once instead of queueing (shadow copies: they must
-        never hold a place in the clients' queue). With ``prefill_for`` (a decode replica)
-        it places the request's prefill on a prefill replica of that replica's pool.
-        ``objective``: its priority band in the queue and its latency objectives;
-        ``streamed``: its first token will be seen (``LoadLedger.lease``).
+        ``ask.exclude`` holds replicas already tried by this request (retries); ``ask.key``
+        keeps a client in one pool (``gateway.balance.pool_split``). Without ``ask.wait`` a
+        request that finds no free slot is refused at once instead of queueing (shadow
+        copies: they must never hold a place in the clients' queue). With
+        ``ask.prefill_for`` (a decode replica) it places the request's prefill on a prefill
+        replica of that replica's pool. ``ask.objective``: its priority band in the queue and
+        its latency objectives.
         """
+        model, objective = ask.model, ask.objective
         loop = asyncio.get_running_loop()
-        queue = self._queue(_queue_name(model.name, prefill_for))
+        queue = self._queue(_queue_name(model.name, ask.prefill_for))
         started = deadline = 0.0
         ticket: Ticket | None = None
         woken = False  # this request was woken for a freed slot (the slot is promised to it)
         try:
             while True:
-                free = self._free_slots(model, admission, exclude, key, prefill_for)
+                free = self._free_slots(ask)
                 # A slot freed for a woken waiter is that waiter's: a newcomer, or a waiter
                 # back from a re-check, that sees it waits on (a free slot no waiter was woken
                 # for is free). So is one a waiter of a higher band should have first.
-                if free and (woken or not wait or not queue.promised) and \
+                if free and (woken or not ask.wait or not queue.promised) and \
                         not (queue and queue.outranked(objective.priority, ticket)):
                     waited = loop.time() - started if started else 0.0
-                    placement = self._reserve(model, admission, free, key, caller, prefill_for,
-                                              objective, waited, streamed)
+                    placement = self._reserve(ask, free, waited)
                     placement.queued_for = waited
                     return placement
-                if not wait:
+                if not ask.wait:
                     raise Overloaded(f"every replica of model `{model.name}` that can take "
                                      f"this request is at its in-flight limit")
                 if objective.sheddable:
@@ -144,8 +174,7 @@ class Placer:
                 if ticket is None:
                     started = loop.time()
                     deadline = started + self.backpressure.queue_timeout
-                    ticket = self._enter_queue(queue, model.name, admission, caller,
-                                               objective.priority)
+                    ticket = self._enter_queue(queue, model.name, ask, objective.priority)
                 await self._wait_for_slot(queue, model.name, deadline, ticket)
                 woken = ticket.woken
                 queue.resumed(ticket)
@@ -153,10 +182,10 @@ class Placer:
             if ticket is not None:
                 queue.leave(ticket)
 
-    def _free_slots(self, model: ServedModel, admission: Admission,
-                    exclude: Collection[Replica], key: str | None,
-                    prefill_for: Replica | None) -> set[int]:
+    def _free_slots(self, ask: PlacementRequest) -> set[int]:
         """ids of the replicas that could take the request now (raises if none ever can)."""
+        model, admission, exclude, key, prefill_for = (ask.model, ask.admission, ask.exclude,
+                                                       ask.key, ask.prefill_for)
         if prefill_for is None:  # the replica that answers: any but a prefill-only one
             available = [r for r in admission.replicas
                          if r.available and r not in exclude and r.role.answers]
@@ -180,22 +209,23 @@ class Placer:
                                                      self.flow.ageing_seconds)
         return queue
 
-    def _enter_queue(self, queue: FairQueue, model: str, admission: Admission,
-                     caller: Caller | None, priority: int) -> Ticket:
+    def _enter_queue(self, queue: FairQueue, model: str, ask: PlacementRequest,
+                     priority: int) -> Ticket:
         if len(queue) >= self.backpressure.queue_size:
             raise Overloaded(f"every replica of model `{model}` is at its in-flight limit "
                              f"and {len(queue)} requests are already waiting")
-        flow = caller.name if caller is not None else None
+        flow = ask.flow if ask.flow is not None or ask.caller is None else ask.caller.name
         if flow is not None and queue.waiting[flow] >= self.backpressure.max_queued_per_key:
-            raise QueueFull(f"API key `{flow}` already has {queue.waiting[flow]} requests "
-                            f"waiting for model `{model}` (backpressure.max_queued_per_key)")
-        cost = admission.cost.prompt_tokens + admission.cost.output_tokens
-        return queue.enter(flow, caller.weight if caller is not None else 1.0, cost, priority)
+            raise QueueFull(f"{'API key' if ask.caller is not None else 'fairness id'} "
+                            f"`{flow}` already has {queue.waiting[flow]} requests waiting for "
+                            f"model `{model}` (backpressure.max_queued_per_key)")
+        cost = ask.admission.cost.prompt_tokens + ask.admission.cost.output_tokens
+        weight = ask.caller.weight if ask.caller is not None else 1.0
+        return queue.enter(flow, weight, cost, priority)
 
-    def _reserve(self, model: ServedModel, admission: Admission, free: set[int],
-                 key: str | None = None, caller: Caller | None = None,
-                 prefill_for: Replica | None = None, objective: Objective = DEFAULT_OBJECTIVE,
-                 waited: float = 0.0, streamed: bool = True) -> Placement:
+    def _reserve(self, ask: PlacementRequest, free: set[int], waited: float) -> Placement:
+        model, admission, key, prefill_for, objective = (ask.model, ask.admission, ask.key,
+                                                         ask.prefill_for, ask.objective)
         if prefill_for is None:
             pool = self.split.pick(model.pools, free, key)
             assert pool is not None  # ``free`` is not empty
@@ -215,12 +245,13 @@ class Placer:
         asked = cost.output_tokens
         expected = asked if self.outputs is None or prefill_for is not None \
             else self.outputs.expect(model.name, asked)
-        lease = self.ledger.lease(replica.name, cost.prompt_tokens, expected, asked, streamed)
+        lease = self.ledger.lease(replica.name, cost.prompt_tokens, expected, asked,
+                                  ask.streamed)
         queue_name = _queue_name(model.name, prefill_for)
         lease.on_close = lambda: self._wake_one(queue_name)
-        return Placement(model, admission, replica, lease, caller, asked=asked,
+        return Placement(model, admission, replica, lease, ask, asked=asked,
                          outputs=self.outputs, name=admission.name or model.name,
-                         objective=objective, prediction=prediction)
+                         prediction=prediction)
 
     def meeting(self, candidates: list[Replica], prompt_tokens: int, objective: Objective,
                  waited: float) -> list[Replica]:

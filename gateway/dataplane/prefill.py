@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from gateway.dataplane.outcome import Outcomes, Prefill
@@ -24,7 +25,7 @@ from gateway.dataplane.placement import Placement, Placer
 from gateway.dataplane.retry_budget import RetryBudget
 from gateway.protocol.errors import (GatewayError, NoReplicaAvailable, UpstreamTimeout,
                                      UpstreamUnavailable, error_from_engine)
-from gateway.protocol.request import Caller, GenerationRequest
+from gateway.protocol.request import GenerationRequest
 from gateway.protocol.translate import Translation, plan
 from gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from gateway.upstream.failure import FailureKind
@@ -46,8 +47,8 @@ class Prefiller:
         self.max_attempts = max_attempts
         self.clock = clock
 
-    async def prefill(self, request: GenerationRequest, decode: Placement, request_id: str,
-                      key: str | None = None, caller: Caller | None = None) -> Prefill | None:
+    async def prefill(self, request: GenerationRequest, decode: Placement,
+                      request_id: str) -> Prefill | None:
         """The prompt prefilled for ``decode`` (a decode replica's placement), whose lease then
         holds the output alone; None when the decode replica is to prefill it itself. Raises
         the engine's refusal of the request, or the placement's (a queue wait past its
@@ -55,9 +56,11 @@ class Prefiller:
         tried: list[Replica] = []
         while True:
             try:
-                placement = await self.placer.place(decode.model, decode.admission, tried, key,
-                                                    caller=caller, prefill_for=decode.replica,
-                                                    objective=decode.objective)
+                # The decode placement's ask (key, caller, objective), for its prefill: a
+                # prompt's whole reservation until its first token (streamed).
+                placement = await self.placer.place(replace(
+                    decode.ask, exclude=tuple(tried), prefill_for=decode.replica,
+                    streamed=True))
             except NoReplicaAvailable:
                 self.outcomes.prefill_skipped(decode, "unavailable" if not tried else "failed")
                 return None

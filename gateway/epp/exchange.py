@@ -37,8 +37,8 @@ import orjson
 from gateway.api.client_connection import MAX_BODY_BYTES, BodyTooLarge
 from gateway.api.intake import (Admitted, Headers, HeadersTooLarge, admit, model_label_of,
                                 new_request_id, read_headers)
-from gateway.balance.pool_split import sticky_key
 from gateway.dataplane.outcome import Refusal, RequestRecord
+from gateway.dataplane.placement import PlacementRequest
 from gateway.epp import messages, wire
 from gateway.epp.messages import BUFFERED, BUFFERED_PARTIAL, FULL_DUPLEX, NONE, STREAMED
 from gateway.fleet.role import Role
@@ -178,8 +178,7 @@ class Exchange:
                                          if self.subset is None else
                                          "no replica of the proxy's subset can serve it")
             self.placement = placement = await gateway.placer.place(
-                admitted.model, admission, key=sticky_key(request, context),
-                caller=context.caller, objective=context.objective, streamed=request.stream)
+                PlacementRequest.of(request, context, admitted.model, admission))
         except GatewayError as error:
             api = record.request.api if record.request is not None else self.api
             return [self._refuse(error, api)]

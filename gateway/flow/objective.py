@@ -9,6 +9,10 @@ defaults, else its model's, else priority 0 and none.
   Placement prefers a replica predicted to meet them.
 - ``x-slo-strict: true``: refuse (429) instead of serving best-effort when no replica is
   predicted to meet them.
+- ``x-llm-d-inference-objective: NAME`` (or ``x-gateway-inference-objective``): the config's
+  ``objectives`` entry NAME (an InferenceObjective's priority, and objectives) gives the
+  defaults, before the key's and the model's; a name the config does not have gives none
+  (as llm-d serves a request naming an objective not created yet).
 
 A header that is not a number, or is out of range, is a 400 naming it.
 """
@@ -32,6 +36,10 @@ STRICT_HEADER = b"x-slo-strict"
 # llm-d's names for the same (its router reads both, as this gateway does).
 LLMD_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
 LLMD_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
+# An InferenceObjective by name (llm-d's, and the Inference Extension's older name): the
+# gateway's `objectives` entry of that name gives the request's defaults.
+OBJECTIVE_NAME_HEADERS = (b"x-llm-d-inference-objective", b"x-gateway-inference-objective")
+MAX_OBJECTIVE_NAME = 253  # a Kubernetes object name
 MAX_PRIORITY = 100  # bands are -100..100
 MAX_OBJECTIVE_MS = 3_600_000.0  # an hour
 T = TypeVar("T")
@@ -78,15 +86,22 @@ class PriorityNotAllowed(GatewayError):
 
 
 def resolve(headers: ObjectiveHeaders, key: "ObjectiveConfig | None",
-            max_priority: int | None, model: "ObjectiveConfig | None") -> Objective:
+            max_priority: int | None, model: "ObjectiveConfig | None",
+            named: "ObjectiveConfig | None" = None) -> Objective:
     """The request's objective. ``key``: its API key's defaults; ``max_priority``: the highest
     priority the key may ask for (None: keys are off, any in range may be asked); ``model``:
-    the model's defaults."""
-    if headers is NO_HEADERS and key is None and model is None:
+    the model's defaults; ``named``: the objective the request named (an InferenceObjective,
+    by ``x-llm-d-inference-objective``), before the key's and the model's."""
+    if headers is NO_HEADERS and key is None and model is None and named is None:
         return DEFAULT_OBJECTIVE
-    defaults = [c for c in (key, model) if c is not None]
+    defaults = [c for c in (named, key, model) if c is not None]
     default_priority = next((c.priority for c in defaults if c.priority is not None), 0)
     priority = default_priority
+    if named is not None and named.priority is not None and max_priority is not None and \
+            named.priority > max_priority:  # a name is no way around the key's ceiling
+        raise PriorityNotAllowed(f"this API key may not ask for a priority above "
+                                 f"{max_priority} (the objective it names has "
+                                 f"{named.priority})")
     if headers.priority is not None:
         priority = _integer(headers.priority, PRIORITY_HEADER)
         if max_priority is not None and priority > max_priority:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import orjson
@@ -226,14 +226,11 @@ class Migrator:
         """A replica for the continuation: one the stream has not run on, else (the pool
         is small) any but the one that just broke it. Draining, ejected and unhealthy
         replicas never (``Placer``)."""
+        ask = replace(first.ask, admission=admission, streamed=True)
         try:
-            return await self.placer.place(first.model, admission, exclude=tried,
-                                           caller=first.caller, objective=first.objective,
-                                           streamed=True)
+            return await self.placer.place(replace(ask, exclude=tuple(tried)))
         except NoReplicaAvailable:
-            return await self.placer.place(first.model, admission, exclude=tried[-1:],
-                                           caller=first.caller, objective=first.objective,
-                                           streamed=True)
+            return await self.placer.place(replace(ask, exclude=tuple(tried[-1:])))
 
     async def _send(self, attempt: Attempt, body: bytes,
                     record: "RequestRecord") -> UpstreamResponse | None:

@@ -63,13 +63,16 @@ class GenerationRequest(NamedTuple):
 class Context(NamedTuple):
     """What the edge knows of a request beside its body: the client's session
     (``x-session-id``, for stickiness), a pool it forces (``x-gateway-pool``, for testers;
-    a shadow copy's pool), the API key that sent it (None: keys are off) and its priority
-    and latency objectives (``gateway.flow.objective``)."""
+    a shadow copy's pool), the API key that sent it (None: keys are off), its priority
+    and latency objectives (``gateway.flow.objective``) and the flow it shares the queue
+    fairly in: its key's, else the client's fairness id (llm-d's
+    ``x-llm-d-inference-fairness-id``), else None (one flow)."""
 
     session: str | None = None
     pool: str | None = None
     caller: Caller | None = None
     objective: Objective = DEFAULT_OBJECTIVE
+    flow: str | None = None
 
 
 NO_CONTEXT = Context()  # shared by every request that brings none (no allocation)

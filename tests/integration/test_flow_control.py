@@ -21,6 +21,7 @@ SETTINGS: dict[str, Any] = {
     "health": {"interval": 0.5},
     "scheduling": {"signals_interval": 0.05},
     "flow_control": {"max_waiting": 1},
+    "objectives": {"interactive": {"priority": 1, "ttft_ms": 60000}, "evals": {"priority": -1}},
 }
 CHAT, BATCH = "sk-gw-chat-0123456789", "sk-gw-batch-0123456789"
 
@@ -78,16 +79,22 @@ def test_a_saturated_engine_holds_requests_at_the_gateway_in_priority_order(
     wait_until(fill_placed, 20, "the engine's queue to fill")
     held_fill = held_at_gateway()
     time.sleep(0.3)
-    shed = httpx.post(gateway + "/v1/completions", headers={"x-gateway-priority": "-1"},
-                      json={"model": MODEL, "prompt": "an evaluation", "max_tokens": 4},
-                      timeout=10)
-    assert shed.status_code == 429 and shed.headers["retry-after"] == "1"
-    assert shed.json()["error"]["code"] == "shed" and shed.json()["error"]["type"] == \
-        "rate_limit_error"
-    batch = in_background(gateway, {"x-gateway-priority": "0"}, 8, seen, "batch", statuses)
+    # Sheddable by its header, or by the objective it names (llm-d's header, and the
+    # Inference Extension's older name, for a configured `objectives` entry).
+    for headers in ({"x-gateway-priority": "-1"}, {"x-llm-d-inference-objective": "evals"},
+                    {"x-gateway-inference-objective": "evals"}):
+        shed = httpx.post(gateway + "/v1/completions", headers=headers,
+                          json={"model": MODEL, "prompt": "an evaluation", "max_tokens": 4},
+                          timeout=10)
+        assert shed.status_code == 429 and shed.headers["retry-after"] == "1"
+        assert shed.json()["error"]["code"] == "shed" and shed.json()["error"]["type"] == \
+            "rate_limit_error"
+    batch = in_background(gateway, {"x-gateway-priority": "0",
+                                    "x-llm-d-inference-objective": "not-configured"}, 8,
+                          seen, "batch", statuses)
     wait_until(lambda: held_at_gateway() == held_fill + 1, 10,
                "the batch request to wait at the gateway")
-    chat = in_background(gateway, {"x-gateway-priority": "1", "x-slo-ttft-ms": "60000"}, 8,
+    chat = in_background(gateway, {"x-llm-d-inference-objective": "interactive"}, 8,
                          seen, "chat", statuses)
     wait_until(lambda: by_label(gateway, "llm_gateway_waiting_requests", "priority").get("1")
                == 1, 10, "the chat request to wait at the gateway")
@@ -103,7 +110,7 @@ def test_a_saturated_engine_holds_requests_at_the_gateway_in_priority_order(
                "the ledger to return to 0")
     assert sum(by_label(gateway, "llm_gateway_waiting_requests", "priority").values()) == 0
     assert by_label(gateway, "llm_gateway_rejections_total", "reason",
-                    api="openai").get("shed") == 1.0
+                    api="openai").get("shed") == 3.0
 
 
 @pytest.mark.parametrize("header, value", [

@@ -146,6 +146,26 @@ async def test_a_keys_share_of_the_queue_is_capped_and_a_timeout_leaves_nothing(
     again.lease.close()
 
 
+async def test_without_keys_a_fairness_id_is_the_flow_and_its_share_is_capped() -> None:
+    """llm-d's ``x-llm-d-inference-fairness-id``: with keys off, requests of one id share the
+    queue as one key's would (capped by max_queued_per_key), apart from another id's."""
+    r, model = router(max_queued_per_key=1, queue_timeout=0.3)
+    adm = admission(r)
+    busy = await r.place(model, adm)
+    tenant_a = asyncio.create_task(r.place(model, adm, flow="tenant-a"))
+    await wait_until_async(lambda: r.queued("m") == 1, 5, "tenant-a queued", every=0.001)
+    with pytest.raises(QueueFull) as full:
+        await r.place(model, adm, flow="tenant-a")
+    assert "fairness id `tenant-a`" in full.value.message
+    tenant_b = asyncio.create_task(r.place(model, adm, flow="tenant-b"))  # its own share
+    await wait_until_async(lambda: r.queued("m") == 2, 5, "tenant-b queued", every=0.001)
+    for task in (tenant_a, tenant_b):
+        with pytest.raises(Overloaded):
+            await task
+    busy.lease.close()
+    assert r.queued("m") == 0
+
+
 async def test_a_newcomer_does_not_jump_the_queue_when_a_slot_frees() -> None:
     """Between a slot freeing and the first waiter taking it, a new request must not take it."""
     r, model = router(queue_timeout=10)

@@ -68,3 +68,26 @@ def test_llm_d_s_header_names_are_read_as_ours() -> None:
     with pytest.raises(InvalidRequest) as bad:
         objective((b"x-llm-d-slo-tpot-ms", b"soon"))
     assert bad.value.param == "x-llm-d-slo-tpot-ms"
+
+
+def test_a_named_objective_gives_the_defaults_before_the_keys_and_the_models() -> None:
+    """``x-llm-d-inference-objective: NAME`` (an InferenceObjective): the config's entry of
+    that name; headers still win, and a key's ceiling holds for the name too."""
+    named = ObjectiveConfig(priority=2, ttft_ms=400)
+    key, model = ObjectiveConfig(priority=1, tpot_ms=30), ObjectiveConfig(priority=0)
+    assert resolve(NO_HEADERS, key, None, model, named) == Objective(2, 400.0, 30.0)
+    assert resolve(ObjectiveHeaders(b"-1"), key, None, model, named).priority == -1
+    with pytest.raises(PriorityNotAllowed) as refused:
+        resolve(NO_HEADERS, key, 1, model, named)
+    assert "names has 2" in refused.value.message
+    assert resolve(NO_HEADERS, None, None, None, ObjectiveConfig(priority=-1)).sheddable
+
+
+def test_llm_d_s_objective_and_fairness_headers_are_read() -> None:
+    for name in (b"x-llm-d-inference-objective", b"x-gateway-inference-objective"):
+        assert read_headers({"headers": [(name, b"chat")]}).objective_name == "chat"
+    for name in (b"x-llm-d-inference-fairness-id", b"x-gateway-inference-fairness-id"):
+        assert read_headers({"headers": [(name, b"tenant-a")]}).fairness == "tenant-a"
+    too_long = read_headers({"headers": [(b"x-llm-d-inference-objective", b"x" * 300),
+                                         (b"x-llm-d-inference-fairness-id", b"y" * 300)]})
+    assert too_long.objective_name is None and too_long.fairness is None
