@@ -32,15 +32,16 @@ from gateway.sim.messages import MessageEvents
 from gateway.sim.metrics import make_meter, render
 from gateway.sim.pooling import PoolingRoutes
 from gateway.sim.responses import SimResponses
-from gateway.sim.parse import Job, Limits, chat_ids, load_json, openai_job, tgi_job
+from gateway.sim.parse import Job, Limits, load_json, openai_job
 from gateway.sim.profiles import Profile
-from gateway.sim.wire import (LLAMACPP_BUILD, VLLM_VERSION, LlamaCppStream, OpenAIStream, TGIStream,
-                              Vocab, llamacpp_body, openai_body, tgi_output)
+from gateway.sim.info_routes import VERSION, InfoRoutes
+from gateway.sim.tgi_routes import FAILURE_LABEL, TgiRoutes, tgi_version
+from gateway.sim.wire_tgi import TGIStream
+from gateway.sim.wire import OpenAIStream, Vocab, openai_body
+from gateway.sim.wire_llamacpp import LlamaCppStream, llamacpp_body
 from gateway.tokens import ModelTokenizer
 
 Handler = Callable[[Request], Awaitable[None]]
-FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
-VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": LLAMACPP_BUILD}
 
 
 @dataclass
@@ -74,12 +75,12 @@ class SimConfig:
     kv_connector: KvConnector | None = None  # vLLM --kv-transfer-config: disaggregated P/D
 
 
-class SimApp:
+class SimApp(TgiRoutes, InfoRoutes):
     """One replica. ``await app(scope, receive, send)`` is the ASGI entry point."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        old_sse = cfg.dialect == "tgi" and _version(cfg.tgi_version) < (2, 1, 0)  # axum 0.6: `data:{`
+        old_sse = cfg.dialect == "tgi" and tgi_version(cfg.tgi_version) < (2, 1, 0)  # axum 0.6: `data:{`
         self.dialect: Dialect = make_dialect(cfg.dialect, cfg.vllm_flat_errors, cfg.tgi_sse_no_space or old_sse)
         self.faults = cfg.faults
         self.meter = make_meter(cfg.dialect, cfg.max_model_len)
@@ -138,7 +139,7 @@ class SimApp:
             self.routes[("POST", "/v1/load_lora_adapter")] = self.load_lora_adapter
             self.routes[("POST", "/v1/unload_lora_adapter")] = self.unload_lora_adapter
         if cfg.dialect == "tgi":  # what older TGI versions did not have yet
-            version = _version(cfg.tgi_version)
+            version = tgi_version(cfg.tgi_version)
             if version < (1, 4, 4):
                 del self.routes[("POST", "/v1/completions")]
             if version < (1, 4, 0):
@@ -409,133 +410,6 @@ class SimApp:
 
     # --- TGI routes ---
 
-    async def generate(self, req: Request) -> None:
-        await self._tgi(req, stream=False)
-
-    async def generate_stream(self, req: Request) -> None:
-        await self._tgi(req, stream=True)
-
-    async def compat_generate(self, req: Request) -> None:
-        await self._tgi(req, stream=None)
-
-    async def _tgi(self, req: Request, stream: bool | None) -> None:
-        d = self.dialect
-        assert isinstance(d, TGI)
-        body = load_json(req.body, d)
-        streaming = stream if stream is not None else body.get("stream") is True
-        compat = stream is None
-        try:
-            job = tgi_job(body, self.cfg.tokenizer, d, self.limits, streaming, compat=compat)
-            if streaming:
-                self._check_overload()
-        except ClientError as err:
-            if not streaming or err.kind == "schema":
-                raise
-            self.meter.failure(FAILURE_LABEL.get(err.kind, "validation"))
-            await start_stream(req.send, [(b"x-compute-type", b"gpu+optimized")])
-            await write(req.send, d.stream_error_event(err), more=False)  # TGI: errors inside HTTP 200
-            return
-        # details.input_length came with TGI 2.3
-        events = TGIStream(job, self.vocab, _version(self.cfg.tgi_version) >= (2, 3, 0), d.data_prefix)
-
-        def body_of(pieces: list[int], seq: Sequence) -> bytes:
-            out = tgi_output(job, self.vocab)
-            return orjson.dumps([out] if compat else out)
-
-        await self.run(req, job, events, body_of, self._tgi_headers)
-
-    def _check_overload(self) -> None:
-        if self.in_flight >= self.cfg.max_concurrent_requests:
-            raise ClientError("Model is overloaded", "overloaded")
-
-    def _tgi_headers(self, seq: Sequence) -> list[tuple[bytes, bytes]]:
-        ms = lambda seconds: b"%d" % int(max(0.0, seconds) * 1000)  # noqa: E731
-        end = seq.last_token_at or seq.arrived
-        queue = (seq.admitted_at or seq.arrived) - seq.arrived
-        total = end - seq.arrived
-        return [(b"x-compute-type", b"gpu+optimized"), (b"x-compute-time", ms(total)),
-                (b"x-total-time", ms(total)), (b"x-validation-time", b"0"), (b"x-queue-time", ms(queue)),
-                (b"x-inference-time", ms(total - queue)),
-                (b"x-time-per-token", ms((total - queue) / max(1, seq.generated))),
-                (b"x-prompt-tokens", b"%d" % seq.prompt_tokens), (b"x-generated-tokens", b"%d" % seq.generated)]
-
-    async def info(self, req: Request) -> None:
-        p, cfg = self.cfg.profile, self.cfg
-        await respond_json(req.send, 200, {
-            "model_id": cfg.model, "model_sha": None, "model_dtype": "torch.bfloat16",
-            "model_device_type": "cuda", "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": cfg.max_concurrent_requests, "max_best_of": 2, "max_stop_sequences": 4,
-            "max_input_tokens": self.limits.max_input_tokens, "max_total_tokens": cfg.max_model_len,
-            "waiting_served_ratio": 0.3, "max_batch_total_tokens": min(p.kv_capacity_tokens, 2**31 - 1),
-            "max_waiting_tokens": 20, "max_batch_size": p.max_running_seqs, "validation_workers": 2,
-            "max_client_batch_size": 4, "router": "text-generation-router", "version": cfg.tgi_version,
-            "sha": None, "docker_label": None})
-
-    async def tgi_tokenize(self, req: Request) -> None:
-        body = load_json(req.body, self.dialect)
-        inputs = body.get("inputs")
-        if not isinstance(inputs, str):
-            raise ClientError("Failed to deserialize the JSON body into the target type: missing field `inputs`",
-                              "schema")
-        enc = self.cfg.tokenizer.tokenizer.encode(inputs, add_special_tokens=True)
-        await respond_json(req.send, 200, [{"id": i, "text": inputs[a:b], "start": a, "stop": b}
-                                           for i, (a, b) in zip(enc.ids, enc.offsets)])
-
-    # --- other dialect routes ---
-
-    async def vllm_tokenize(self, req: Request) -> None:
-        body = load_json(req.body, self.dialect)
-        tok = self.cfg.tokenizer
-        if "messages" in body:
-            ids = chat_ids(body, tok, self.dialect)
-        else:
-            if not isinstance(body.get("prompt"), str):
-                raise ClientError("1 validation error:\n  {'loc': ('body', 'prompt'), 'msg': 'Field required'}",
-                                  "schema", "prompt")
-            add = body.get("add_special_tokens", True)
-            ids = tok.encode(body["prompt"], add_special_tokens=add is not False)
-        await respond_json(req.send, 200, {"count": len(ids), "max_model_len": self.cfg.max_model_len,
-                                           "tokens": ids})
-
-    async def vllm_detokenize(self, req: Request) -> None:
-        body = load_json(req.body, self.dialect)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise ClientError("1 validation error:\n  {'loc': ('body', 'tokens'), 'msg': 'Input should be a "
-                              "valid list of integers'}", "schema", "tokens")
-        await respond_json(req.send, 200, {"prompt": self.cfg.tokenizer.decode(tokens)})
-
-    async def llamacpp_tokenize(self, req: Request) -> None:
-        body = load_json(req.body, self.dialect)
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise ClientError("\"content\" must be provided", "invalid")
-        ids = self.cfg.tokenizer.encode(content, add_special_tokens=body.get("add_special") is True)
-        await respond_json(req.send, 200, {"tokens": ids})
-
-    async def version(self, req: Request) -> None:
-        await respond_json(req.send, 200, {"version": VERSION["vllm"]})
-
-    async def server_info(self, req: Request) -> None:
-        cfg = self.cfg
-        await respond_json(req.send, 200, {
-            "model_path": cfg.model, "tokenizer_path": cfg.tokenizer_dir, "served_model_name": cfg.model,
-            "context_length": cfg.max_model_len, "max_running_requests": cfg.profile.max_running_seqs,
-            "max_total_num_tokens": min(cfg.profile.kv_capacity_tokens, 2**31 - 1),
-            "chunked_prefill_size": cfg.profile.max_batched_tokens, "version": VERSION["sglang"]})
-
-    async def model_info(self, req: Request) -> None:
-        await respond_json(req.send, 200, {"model_path": self.cfg.model, "tokenizer_path": self.cfg.tokenizer_dir,
-                                           "is_generation": True})
-
-    async def props(self, req: Request) -> None:
-        cfg = self.cfg
-        await respond_json(req.send, 200, {
-            "default_generation_settings": {"params": {"n_predict": -1, "seed": -1},
-                                            "n_ctx": cfg.max_model_len},
-            "total_slots": cfg.profile.max_running_seqs, "model_path": cfg.model,
-            "chat_template": cfg.tokenizer.chat_template or "", "build_info": VERSION["llamacpp"]})
-
     # --- probes, metrics, simulator control ---
 
     async def health(self, req: Request) -> None:
@@ -570,11 +444,6 @@ class SimApp:
             await respond_json(req.send, 400, {"error": str(exc)})
             return
         await respond_json(req.send, 200, self.faults.as_dict())
-
-
-def _version(version: str) -> tuple[int, ...]:
-    parts = [int(p) for p in version.split("-")[0].split(".")[:3] if p.isdigit()]
-    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def req_body_stream(body: bytes) -> Any:

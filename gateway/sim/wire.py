@@ -1,4 +1,6 @@
-"""Response bodies and SSE events of OpenAI-style and TGI generation routes.
+"""Response bodies and SSE events of OpenAI-style generation routes (vLLM, SGLang), and what
+every dialect's shares (the vocabulary, logprobs, texts); llama.cpp's own are in
+``wire_llamacpp``, TGI's in ``wire_tgi``.
 
 Plain stream events are cut from templates once per response (``_split``) and filled with the
 pre-encoded JSON of each word piece, so a token costs a few byte concatenations. Requests that
@@ -31,7 +33,7 @@ import orjson
 
 from gateway.sim import textgen
 from gateway.sim.parse import Choice, Job
-from gateway.sim.textgen import EOS, PIECES, PIECES_JSON, text
+from gateway.sim.textgen import EOS, PIECES, PIECES_JSON
 
 _HOLE = "\x00"
 _HOLE_JSON = b'"\\u0000"'
@@ -40,8 +42,6 @@ VLLM_VERSION = "0.32.0"  # the answers' shapes are this version's (checked again
 VLLM_FINGERPRINT = f"vllm-{VLLM_VERSION}-5171a7ed"
 # vLLM's chat message beside role and content (no tool_calls when there are none)
 _VLLM_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call", "reasoning")
-LLAMACPP_BUILD = "b1-5171a7e"  # llama.cpp's build_info, also its system_fingerprint
-_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def _split(obj: Any) -> list[bytes]:
@@ -95,11 +95,11 @@ def _stop_field(dialect: str, choice: Choice, vocab: Vocab) -> tuple[str, Any] |
     return None
 
 
-def _openai_finish(choice: Choice) -> str:
+def openai_finish(choice: Choice) -> str:
     return "length" if choice.finish == "length" else "stop"
 
 
-class _Logprobs:
+class Logprobs:
     """OpenAI logprobs of one choice, in the engine's format."""
 
     def __init__(self, dialect: str, job: Job, vocab: Vocab, choice: Choice) -> None:
@@ -214,7 +214,7 @@ class OpenAIStream:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.plain = _plain(dialect, job) and interval == 1
         self.texts = openai_texts(self.choice, trim_stop=not job.extras.include_stop)
-        self.logprobs = _Logprobs(dialect, job, vocab, job.choices[0])
+        self.logprobs = Logprobs(dialect, job, vocab, job.choices[0])
         self.offset = len(job.extras.prompt_text) if job.extras.echo else 0
         # The plain path's two templates (holes: the text, and the usage when continuous):
         # every token's chunk, and the last one's (finish reason, and what ends the stream).
@@ -235,7 +235,7 @@ class OpenAIStream:
         else:
             choice["text"] = text
         choice["logprobs"] = logprobs
-        choice["finish_reason"] = _openai_finish(self.choice) if last else None
+        choice["finish_reason"] = openai_finish(self.choice) if last else None
         stop = _stop_field(self.dialect, self.choice, self.vocab)
         if stop is not None and (last or not (vllm and self.chat)):  # vLLM chat: at the end only
             choice[stop[0]] = stop[1] if last else None
@@ -320,111 +320,6 @@ class OpenAIStream:
         return self.prefix + orjson.dumps(chunk) + b"\n\n" + self.prefix + b"[DONE]\n\n"
 
 
-class LlamaCppStream:
-    """llama.cpp's SSE events for ``/v1/completions`` and ``/v1/chat/completions``, in its
-    own field order: the end in a chunk of its own after the last token (a completion's with
-    usage and timings; chat's usage in one more chunk when asked), ids ``chatcmpl-`` on both
-    routes, ``timings`` on every token's chunk with ``timings_per_token``."""
-
-    def __init__(self, chat: bool, model: str, job: Job, vocab: Vocab, include_usage: bool,
-                 data_prefix: bytes = b"data: ") -> None:
-        self.chat, self.model, self.job, self.vocab = chat, model, job, vocab
-        self.include_usage, self.prefix = include_usage, data_prefix
-        self.choice = job.choices[0]
-        self.texts = openai_texts(self.choice, trim_stop=True)
-        self.logprobs = _Logprobs("llamacpp", job, vocab, job.choices[0])
-        self.per_token = job.extras.timings_per_token
-        self.id, self.created = llamacpp_id(), int(time.time())
-        self.obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def _event(self, choices: list[dict[str, Any]], generated: int, usage: dict[str, Any] | None = None,
-               timings: bool = False) -> bytes:
-        """One chunk; chat's id comes after ``created``, a completion's after its usage."""
-        chunk: dict[str, Any] = {"choices": choices, "created": self.created}
-        if self.chat:
-            chunk["id"] = self.id
-        chunk |= {"model": self.model, "system_fingerprint": LLAMACPP_BUILD, "object": self.obj}
-        if usage is not None:
-            chunk["usage"] = usage
-        if not self.chat:
-            chunk["id"] = self.id
-        if timings:
-            chunk["timings"] = llamacpp_timings(self.job.prompt_tokens, generated)
-        return self.prefix + orjson.dumps(chunk) + b"\n\n"
-
-    def open(self) -> bytes:
-        if not self.chat:
-            return b""
-        return self._event([{"finish_reason": None, "index": 0,
-                             "delta": {"role": "assistant", "content": None}}], 0)
-
-    def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
-        out = []
-        for k, j in enumerate(pieces, start):
-            lp = self.logprobs.llamacpp(k, [j])
-            if self.chat:
-                choice: dict[str, Any] = {"finish_reason": None, "index": 0, "delta": {"content": self.texts[k]}}
-                if lp is not None:
-                    choice["logprobs"] = lp
-            else:
-                choice = {"text": self.texts[k], "index": 0, "logprobs": lp, "finish_reason": None}
-            out.append(self._event([choice], k + 1, timings=self.per_token))
-        return b"".join(out)
-
-    def close(self, generated: int) -> bytes:
-        finish = _openai_finish(self.choice)
-        usage_now = llamacpp_usage(self.job.prompt_tokens, generated)
-        if not self.chat:  # usage and timings on the end's chunk, asked or not
-            return self._event([{"text": "", "index": 0, "logprobs": None, "finish_reason": finish}],
-                               generated, usage_now, timings=True) + self.prefix + b"[DONE]\n\n"
-        end = [{"finish_reason": finish, "index": 0, "delta": {}}]
-        if not self.include_usage:
-            return self._event(end, generated, timings=True) + self.prefix + b"[DONE]\n\n"
-        return (self._event(end, generated) + self._event([], generated, usage_now, timings=True)
-                + self.prefix + b"[DONE]\n\n")
-
-
-def llamacpp_id() -> str:
-    """``chatcmpl-`` and 32 letters and digits, on either route."""
-    return "chatcmpl-" + "".join(_ALNUM[b % 62] for b in os.urandom(32))
-
-
-def llamacpp_usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0}}
-
-
-def llamacpp_timings(prompt: int, predicted: int) -> dict[str, Any]:
-    """llama.cpp's timings, at a simulated 0.5 ms per prompt token and 2 ms per token out."""
-    prompt_ms, predicted_ms = 0.5 * prompt, 2.0 * predicted
-    return {"cache_n": 0, "prompt_n": prompt, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt if prompt else 0.0,
-            "prompt_per_second": 1000.0 * prompt / prompt_ms if prompt_ms else 0.0,
-            "predicted_n": predicted, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
-            "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms else 0.0}
-
-
-def llamacpp_body(chat: bool, model: str, job: Job, vocab: Vocab) -> bytes:
-    """A whole llama.cpp answer (one choice: llama.cpp has no ``n``)."""
-    c = job.choices[0]
-    content = "".join(openai_texts(c, trim_stop=True))
-    lp = _Logprobs("llamacpp", job, vocab, c).llamacpp(0, c.pieces)
-    if chat:
-        choice: dict[str, Any] = {"finish_reason": _openai_finish(c), "index": 0,
-                                  "message": {"role": "assistant", "content": content}}
-        if lp is not None:
-            choice["logprobs"] = lp
-    else:
-        choice = {"text": content, "index": 0, "logprobs": lp, "finish_reason": _openai_finish(c)}
-    generated = len(c.pieces)
-    return orjson.dumps({"choices": [choice], "created": int(time.time()), "model": model,
-                         "system_fingerprint": LLAMACPP_BUILD,
-                         "object": "chat.completion" if chat else "text_completion",
-                         "usage": llamacpp_usage(job.prompt_tokens, generated), "id": llamacpp_id(),
-                         "timings": llamacpp_timings(job.prompt_tokens, generated)})
-
-
 def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
                 kv_transfer_params: dict[str, Any] | None = None) -> bytes:
     """A whole ``/v1/completions`` or ``/v1/chat/completions`` answer, every choice
@@ -434,14 +329,14 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
     for index, c in enumerate(job.choices):
         texts = openai_texts(c, trim_stop=not job.extras.include_stop)
         content = "".join(texts)
-        logprobs = _Logprobs(dialect, job, vocab, c)
+        logprobs = Logprobs(dialect, job, vocab, c)
         lp = logprobs.of(0, c.pieces, 0, chat)
         stop = _stop_field(dialect, c, vocab)
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             message |= dict.fromkeys(_VLLM_MESSAGE_NULLS) if vllm else {"tool_calls": []}
             choice: dict[str, Any] = {"index": index, "message": message,
-                                      "logprobs": lp, "finish_reason": _openai_finish(c)}
+                                      "logprobs": lp, "finish_reason": openai_finish(c)}
         else:
             if job.extras.echo:
                 content = job.extras.prompt_text + content
@@ -452,7 +347,7 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
                           "token_logprobs": prompt_part["token_logprobs"] + lp["token_logprobs"],
                           "tokens": prompt_part["tokens"] + lp["tokens"],
                           "top_logprobs": prompt_part["top_logprobs"] + lp["top_logprobs"]}
-            choice = {"index": index, "text": content, "logprobs": lp, "finish_reason": _openai_finish(c)}
+            choice = {"index": index, "text": content, "logprobs": lp, "finish_reason": openai_finish(c)}
         if stop is not None:
             choice[stop[0]] = stop[1]
         prompt_fields = {}
@@ -483,107 +378,3 @@ def openai_body(dialect: str, chat: bool, model: str, job: Job, vocab: Vocab,
     body |= {"kv_transfer_params": kv_transfer_params, "ec_transfer_params": None,
              "metrics": None}
     return orjson.dumps(body)
-
-
-class TGIStream:
-    """``/generate_stream`` events: one per token; the last one carries ``generated_text``."""
-
-    def __init__(self, job: Job, vocab: Vocab, input_length: bool = True,
-                 data_prefix: bytes = b"data: ") -> None:
-        self.job, self.vocab, self.input_length = job, vocab, input_length
-        self.choice = job.choices[0]
-        self.n = len(self.choice.pieces)
-        self.prefix = data_prefix
-        self.eos = orjson.dumps(_tgi_token(vocab, 0, EOS)["text"])
-
-    def open(self) -> bytes:
-        return b""
-
-    def _token(self, k: int, j: int) -> bytes:
-        special = b"true" if j == EOS else b"false"
-        return b'{"id":%d,"text":%s,"logprob":%s,"special":%s}' % (
-            self.vocab.id(j), self.eos if j == EOS else PIECES_JSON[j],
-            orjson.dumps(textgen.logprob(self.choice.context(k), 0)), special)
-
-    def tokens(self, start: int, pieces: Sequence[int]) -> bytes:
-        out = []
-        top_n = self.job.extras.top_n_tokens
-        for k, j in enumerate(pieces, start):
-            top = b""
-            if top_n:
-                key = self.choice.context(k)
-                top = b',"top_tokens":' + orjson.dumps([_tgi_token(self.vocab, key, a, v)
-                                                        for a, v in textgen.alternatives(key, 0, j, top_n)])
-            if k < self.n - 1:
-                out.append(b'%s{"index":%d,"token":%s%s,"generated_text":null,"details":null}\n\n'
-                           % (self.prefix, k + 1, self._token(k, j), top))
-            else:
-                details = None
-                if self.job.details:
-                    details = {"finish_reason": _tgi_finish(self.choice), "generated_tokens": self.n,
-                               "seed": self.job.reported_seed}
-                    if self.input_length:
-                        details["input_length"] = self.job.prompt_tokens
-                out.append(b'%s{"index":%d,"token":%s%s,"generated_text":%s,"details":%s}\n\n'
-                           % (self.prefix, k + 1, self._token(k, j), top,
-                              orjson.dumps(_tgi_text(self.job, self.choice)), orjson.dumps(details)))
-        return b"".join(out)
-
-    def close(self, generated: int) -> bytes:
-        return b""  # no [DONE] on /generate_stream
-
-
-def _tgi_finish(choice: Choice) -> str:
-    return {"length": "length", "eos": "eos_token", "stop": "stop_sequence"}[choice.finish]
-
-
-def _tgi_text(job: Job, choice: Choice) -> str:
-    """TGI's generated text: special tokens skipped, the stop sequence kept, and the prompt
-    first with ``return_full_text``."""
-    return (job.extras.prompt_text if job.extras.return_full_text else "") + text(choice.pieces)
-
-
-def _tgi_token(vocab: Vocab, key: int, j: int, lp: float | None = None) -> dict[str, Any]:
-    """One token of TGI's details (``key``: its context, ``Choice.context``)."""
-    return {"id": vocab.id(j), "text": vocab.eos_text if j == EOS else PIECES[j],
-            "logprob": textgen.logprob(key, 0) if lp is None else lp, "special": j == EOS}
-
-
-def tgi_output(job: Job, vocab: Vocab) -> dict[str, Any]:
-    """A ``/generate`` answer; with ``best_of`` the sequence of highest mean logprob wins."""
-    scored = []
-    for i, c in enumerate(job.choices):
-        seed = job.seed + i
-        tokens = [_tgi_token(vocab, c.context(k), j) for k, j in enumerate(c.pieces)]
-        mean = sum(t["logprob"] for t in tokens) / max(len(tokens), 1)
-        scored.append((mean, i, c, tokens, seed))
-    scored.sort(key=lambda s: (-s[0], s[1]))
-    _, _, best, tokens, seed = scored[0]
-    out: dict[str, Any] = {"generated_text": _tgi_text(job, best)}
-    if not job.details:
-        return out
-
-    def details(c: Choice, tokens: list[dict[str, Any]], seed: int) -> dict[str, Any]:
-        d: dict[str, Any] = {"finish_reason": _tgi_finish(c), "generated_tokens": len(c.pieces),
-                             "seed": job.reported_seed if len(job.choices) == 1 else seed,
-                             "prefill": _prefill(job, vocab) if job.extras.decoder_input_details else [],
-                             "tokens": tokens}
-        return d
-
-    out["details"] = details(best, tokens, seed)
-    if len(scored) > 1:
-        out["details"]["best_of_sequences"] = [{"generated_text": _tgi_text(job, c), **details(c, t, s)}
-                                               for _, _, c, t, s in scored[1:]]
-    if job.extras.top_n_tokens:
-        out["details"]["top_tokens"] = [
-            [_tgi_token(vocab, best.context(k), a, v)
-             for a, v in textgen.alternatives(best.context(k), 0, j, job.extras.top_n_tokens)]
-            for k, j in enumerate(best.pieces)]
-    return out
-
-
-def _prefill(job: Job, vocab: Vocab) -> list[dict[str, Any]]:
-    """TGI's ``prefill``: the prompt's tokens, each with its logprob (the first has none)."""
-    seed = textgen.default_seed(job.prompt_ids) ^ 0x9E37
-    return [{"id": t, "text": vocab.decode([t]), "logprob": None if i == 0 else textgen.logprob(seed, i)}
-            for i, t in enumerate(job.prompt_ids)]
