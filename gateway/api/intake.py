@@ -158,8 +158,8 @@ async def admit(gateway: Gate, headers: Headers, read_body: Callable[[], Awaitab
         context = context._replace(objective=resolve(
             headers.objective, key.objective if key is not None else None,
             key.priority_ceiling if key is not None else None, model.objective, named))
-    # Scaled to zero: wait for a replica to appear (gateway.autoscale.hold).
-    await gateway.scale_from_zero.wait_for_replica(model, context.objective.priority)
+    if gateway.scale_from_zero.holds(model):  # scaled to zero: wait for a replica to appear
+        await gateway.scale_from_zero.wait_for_replica(model, context.objective.priority)
     preparing = gateway.admitter.prepare(request)  # an adapter to load, a stored
     if preparing is None:                          # Response's replica, a long count
         model, admission = gateway.admitter.admit(request, context)

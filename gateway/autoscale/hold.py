@@ -36,10 +36,15 @@ class ScaleFromZero:
     def held_by_model(self) -> dict[str, int]:
         return {model: len(held) for model, held in self._held.items()}
 
+    def holds(self, model: ServedModel) -> bool:
+        """``model`` has no replica registered: its requests wait (``wait_for_replica``).
+        Asked of every request, so not a coroutine."""
+        return self.config.enabled and not any(pool.replicas for pool in model.pools)
+
     async def wait_for_replica(self, model: ServedModel, priority: int) -> None:
         """Return at once while ``model`` has a replica registered; else wait until one is
         available (raise ScaledToZero past the timeout)."""
-        if model.replicas or not self.config.enabled:
+        if not self.holds(model):
             return
         held = self._held.setdefault(model.name, [])
         if len(held) >= self.config.max_held:

@@ -59,7 +59,8 @@ class Attempts:
         ask = PlacementRequest.of(request, context, model, admission)
         prefill: Prefill | None = None
         while True:
-            placement = await self.placer.place(replace(ask, exclude=tuple(tried)))
+            placement = await self.placer.place(replace(ask, exclude=tuple(tried)) if tried
+                                                else ask)
             if placement.replica.role is not Role.DECODE:
                 prefill = None
             elif prefill is None and self.prefiller is not None:
