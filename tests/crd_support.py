@@ -1,8 +1,19 @@
-"""Custom resources checked as the API server checks them, for the manifest tests."""
+"""Kubernetes manifests checked as the API server checks them, for the manifest tests: custom
+resources against their CRDs' schemas (``strict``), core ones with kubernetes-validate."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from support import tool
+
+# The Kubernetes versions whose schemas the core manifests are checked against: the oldest
+# still widely run .. the newest kubernetes-validate ships.
+KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
 
 
 def strict(schema: Any) -> Any:
@@ -28,3 +39,12 @@ def strict(schema: Any) -> Any:
     if schema.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
     return out
+
+
+def kubernetes_validate(docs: list[dict[str, Any]], version: str,
+                        tmp: Path) -> subprocess.CompletedProcess:
+    """kubernetes-validate --strict on ``docs`` against Kubernetes ``version``'s schemas."""
+    path = tmp / "core.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return subprocess.run([tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
+                          capture_output=True, text=True, timeout=120)

@@ -16,7 +16,6 @@ stays inactive) and above 0 after one."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import copy
 import json
 import math
@@ -25,7 +24,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import jsonschema
@@ -34,15 +33,13 @@ import yaml
 
 from gateway.config import Settings, load_settings
 from gateway.fleet.role import Role
-from crd_support import strict
-from support import ROOT, free_port, gateway_server, sim, stop, tool, wait_for_value, \
-    wait_ready
+from prometheus_support import prometheus
+from crd_support import KUBERNETES_VERSIONS, kubernetes_validate, strict
+from support import ROOT, gateway_server, sim, wait_for_value
 
 BASE = ROOT / "deploy" / "kubernetes"
 AUTOSCALING = BASE / "autoscaling"
 KEDA_CRD = ROOT / "tests" / "crds" / "keda.sh_scaledobjects.yaml"
-PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
-KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")  # as test_kubernetes.py
 SIGNAL = "llm_gateway_desired_replicas"
 
 # KEDA's prometheus scaler's metadata keys at the vendored release (v2.20.2,
@@ -236,14 +233,6 @@ def test_the_scaledobject_scales_from_zero_on_any_demand_rounding_the_sum_up(
     assert 0 <= scale_down["stabilizationWindowSeconds"] <= 60
 
 
-def kubernetes_validate(docs: list[dict[str, Any]], version: str,
-                        tmp: Path) -> subprocess.CompletedProcess:
-    path = tmp / "core.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    return subprocess.run([tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_the_hpa_and_the_adapters_configmap_match_the_kubernetes_schemas(
         version: str, tmp_path: Path) -> None:
@@ -335,30 +324,6 @@ def test_promtool_parses_the_queries(scaled_object: dict[str, Any], tmp_path: Pa
     assert done.returncode != 0, done.stdout + done.stderr
 
 
-@contextlib.contextmanager
-def prometheus_scraping(tmp: Path, gateways: list[str]) -> Iterator[str]:
-    """A real Prometheus scraping ``gateways`` every second with the shipped config's
-    llm-gateway job (the engines' job dropped); its base URL."""
-    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
-    [job] = [j for j in config["scrape_configs"] if j["job_name"] == "llm-gateway"]
-    job["static_configs"] = [{"targets": [g.split("//")[1] for g in gateways]}]
-    config["scrape_configs"] = [job]
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/-/ready", timeout=30, proc=proc)
-        yield url
-    finally:
-        stop(proc, timeout=20)
-
-
 def query(prom: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
     reply = httpx.get(prom + "/api/v1/query", params=params, timeout=10).json()
@@ -397,7 +362,7 @@ def test_the_queries_return_the_instances_summed_signal_from_real_gateways(
                   "health": {"interval": 0.5}, "autoscale": {"scale_down_after": 0}}
         with gateway_server(tmp_path, config) as (gw_a, _), \
                 gateway_server(tmp_path, config) as (gw_b, _), \
-                prometheus_scraping(tmp_path, [gw_a, gw_b]) as prom:
+                prometheus(tmp_path, [gw_a, gw_b]) as prom:
             # Before any request: each instance publishes 0, so the sum is 0 and KEDA stays
             # inactive (not above activationThreshold 0).
             wait_for_value(lambda: query(prom, per_instance),

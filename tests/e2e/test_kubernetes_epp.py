@@ -24,13 +24,12 @@ import pytest
 import yaml
 
 from gateway.config import Settings, load_settings
-from crd_support import strict
-from support import ROOT, checkov, tool
+from crd_support import KUBERNETES_VERSIONS, kubernetes_validate, strict
+from support import ROOT, checkov
 
 BASE = ROOT / "deploy" / "kubernetes"
 EPP = BASE / "epp"
 CRDS = ROOT / "tests" / "crds"
-KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")  # as test_kubernetes.py
 # Custom resources: kind -> (CRD file, apiVersion the manifests must use).
 CUSTOM = {
     "InferencePool": ("inference.networking.k8s.io_inferencepools.yaml",
@@ -97,14 +96,6 @@ def test_the_kustomization_builds_every_manifest_into_the_bases_namespace(
 
 
 # --- the Kubernetes schemas (Deployment, Service, ConfigMap, ...) ---
-
-def kubernetes_validate(docs: list[dict[str, Any]], version: str,
-                        tmp: Path) -> subprocess.CompletedProcess:
-    path = tmp / "core.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    return subprocess.run([tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
-                          capture_output=True, text=True, timeout=120)
-
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_core_manifest_matches_the_kubernetes_schemas(
