@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -23,9 +23,8 @@ from gateway.sim.asgi import (DropConnection, Request, read_body, respond, respo
 from gateway.sim.dialects import TGI, ClientError, Dialect, make_dialect
 from gateway.sim.engine import make_engine
 from gateway.sim.scheduler import Sequence, block_hashes
-from gateway.sim.faults import FaultError, Faults
-from gateway.sim.kv_connector import KvConnector
-from gateway.sim.kv_publisher import KvEventPublisher, PublisherConfig
+from gateway.sim.faults import FaultError
+from gateway.sim.kv_publisher import KvEventPublisher
 from gateway.sim import messages as messages_api
 from gateway.sim.lora import SimNames
 from gateway.sim.messages import MessageEvents
@@ -33,46 +32,14 @@ from gateway.sim.metrics import make_meter, render
 from gateway.sim.pooling import PoolingRoutes
 from gateway.sim.responses import SimResponses
 from gateway.sim.parse import Job, Limits, load_json, openai_job
-from gateway.sim.profiles import Profile
-from gateway.sim.info_routes import VERSION, InfoRoutes
+from gateway.sim.info_routes import InfoRoutes
 from gateway.sim.tgi_routes import FAILURE_LABEL, TgiRoutes, tgi_version
 from gateway.sim.wire_tgi import TGIStream
 from gateway.sim.wire import OpenAIStream, Vocab, openai_body
 from gateway.sim.wire_llamacpp import LlamaCppStream, llamacpp_body
-from gateway.tokens import ModelTokenizer
+from gateway.sim.sim_config import SimConfig
 
 Handler = Callable[[Request], Awaitable[None]]
-
-
-@dataclass
-class SimConfig:
-    dialect: str
-    model: str
-    max_model_len: int
-    profile: Profile
-    tokenizer: ModelTokenizer
-    tokenizer_dir: str = ""
-    speed: float = 1.0
-    prefix_cache: bool = False
-    faults: Faults = field(default_factory=Faults)
-    vllm_flat_errors: bool = False
-    tgi_sse_no_space: bool = False
-    max_concurrent_requests: int = 128   # TGI's semaphore
-    max_input_tokens: int | None = None  # TGI; default max_model_len - 1
-    no_stream_usage: bool = False        # ignore stream_options.include_usage
-    eos_before_max: bool = False         # end at a natural length below max_tokens
-    event_writes: bool = False           # one write per SSE event (as vLLM's generator yields)
-    event_gap_s: float = 0.0             # with event_writes: pause between two writes
-    stream_interval: int = 1             # vLLM --stream-interval: tokens per chunk after the first
-    tgi_version: str = VERSION["tgi"]    # TGI: /info version and what that version serves
-    text_seed: int = 0                   # another text for the same prompt (a canary that differs)
-    aliases: list[str] = field(default_factory=list)  # vLLM: more --served-model-name names
-    lora_modules: dict[str, str] = field(default_factory=dict)  # vLLM: adapter name -> path
-    max_loras: int = 1                   # vLLM --max-loras (adapters in one batch)
-    runtime_lora: bool = False           # vLLM: POST /v1/load_lora_adapter allowed
-    runner: str = "generate"             # vLLM --runner: generate, or pooling (embeddings ...)
-    kv_events: PublisherConfig | None = None  # vLLM --kv-events-config: publish KV events
-    kv_connector: KvConnector | None = None  # vLLM --kv-transfer-config: disaggregated P/D
 
 
 class SimApp(TgiRoutes, InfoRoutes):

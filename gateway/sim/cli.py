@@ -188,7 +188,7 @@ def build_config(args: argparse.Namespace):
     import random
 
     from gateway.sim.model_dir import builtin_model_dir
-    from gateway.sim.app import VERSION, SimConfig
+    from gateway.sim.sim_config import VERSION, SimConfig
     from gateway.sim.faults import Faults, check
     from gateway.sim.profiles import SCHEDULED_KINDS, get_profile
     from gateway.tokens import load_tokenizer

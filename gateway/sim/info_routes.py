@@ -4,22 +4,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.sim.asgi import Request, respond_json
 from gateway.sim.dialects import ClientError
 from gateway.sim.parse import chat_ids, load_json
-from gateway.sim.wire import VLLM_VERSION
-from gateway.sim.wire_llamacpp import LLAMACPP_BUILD
-
-if TYPE_CHECKING:
-    from gateway.sim.app import SimConfig
-
-VERSION = {"vllm": VLLM_VERSION, "tgi": "3.3.6", "sglang": "0.5.23", "llamacpp": LLAMACPP_BUILD}
+from gateway.sim.sim_config import VERSION, SimConfig
 
 
 class InfoRoutes:
-    cfg: "SimConfig"
+    cfg: SimConfig
     dialect: Any
 
     async def vllm_tokenize(self, req: Request) -> None:

@@ -16,7 +16,7 @@ from gateway.sim.wire import Vocab
 from gateway.sim.wire_tgi import TGIStream, tgi_output
 
 if TYPE_CHECKING:
-    from gateway.sim.app import SimConfig
+    from gateway.sim.sim_config import SimConfig
 
 FAILURE_LABEL = {"overloaded": "overloaded", "injected": "generation"}  # tgi_request_failure{err}
 
