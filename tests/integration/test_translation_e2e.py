@@ -53,7 +53,9 @@ def one_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def ledger(gateway: str) -> list[tuple[int, int]]:
     """Outstanding tokens and in-flight requests of every replica, once in-flight work ended."""
     def loads() -> list[tuple[int, int]]:
-        replicas = httpx.get(gateway + "/admin/replicas",
+        # (30 s: a status poll; once, in a fresh-clone suite beside the real engines, the
+        # default 5 s ran out on a starved machine.)
+        replicas = httpx.get(gateway + "/admin/replicas", timeout=30,
                              headers={"authorization": "Bearer t"}).json()["replicas"]
         return [(r["outstanding_tokens"], r["in_flight"]) for r in replicas]
 

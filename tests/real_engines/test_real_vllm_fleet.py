@@ -51,7 +51,8 @@ class Stream(StreamInThread):
 
 
 def replicas(gateway: str) -> dict[str, dict]:
-    answer = httpx.get(gateway + "/admin/replicas", headers=ADMIN).json()["replicas"]
+    # (30 s: a status poll; the default 5 s once ran out on a machine starved by the suite.)
+    answer = httpx.get(gateway + "/admin/replicas", headers=ADMIN, timeout=30).json()["replicas"]
     return {r["name"]: r for r in answer}
 
 
