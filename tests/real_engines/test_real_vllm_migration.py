@@ -203,7 +203,12 @@ def _mid_answer(gateway: str, victim: Engine, other: Engine, count: int,
     # those that did are still read against their reference below.
     assert len(under_way(streams)) >= len(streams) // 2, \
         [(len(s.events), s.thread.is_alive(), s.events[-1:]) for s in streams]
-    assert all(s.replica == "victim" for s in streams)
+    # The wait above ends when one stream ended too; under load another may not have had its
+    # answer's head yet (its replica unknown): every head first, then where each runs.
+    wait_until(lambda: all(s.started.is_set() for s in streams), 240,
+               lambda: f"every answer begun: {[(s.status, len(s.events)) for s in streams]}")
+    assert all(s.replica == "victim" for s in streams), \
+        [(s.replica, s.status, s.events[-1:]) for s in streams if s.replica != "victim"]
     admin(gateway, "other", "undrain")
     return streams, expected
 
